@@ -1,0 +1,200 @@
+/*
+ * backend.h: the compute contract every gpushare device implements.
+ *
+ * A backend is a table of functions over device buffers. The training runtime
+ * (daemon/train/) never touches tensor memory itself: it asks the backend to
+ * reserve regions (the vdev allocator carves tensors out of them), to copy
+ * batches in and results out, and to run the ops below. Two backends share
+ * this one contract: `cpu` (kernels/cpu/, C11 + OpenBLAS, the reference) and
+ * `cuda` (kernels/cuda/, a plugin loaded where a driver answers). Every CUDA
+ * op is tested against its CPU twin on the same inputs.
+ *
+ * Conventions, the same for every op:
+ *  - Tensors are dense, row-major, NHWC for images. Shapes are spelled out in
+ *    the comment above each op, as in llm.c.
+ *  - `dt` is the storage type of activations and of the working copy of the
+ *    weights (fp32, or the 16-bit copy in mixed precision). Math is fp32:
+ *    16-bit values are converted on load and rounded (nearest even) on store.
+ *  - Weight and bias gradients are always fp32 and are ACCUMULATED (+=), so
+ *    gradient accumulation over micro-batches is free and the caller zeroes
+ *    them once per optimizer step. Input gradients (`din`) are stored in `dt`
+ *    and OVERWRITTEN; `din` may be NULL when the layer is the first.
+ *  - Ops that need scratch memory take `ws`, at least the bytes that the
+ *    matching `*_workspace` query returns for the same arguments; the runtime
+ *    takes it from the job's vdev allocator, so it is charged to the quota.
+ *  - Every op returns 0, or a negative value on a device error (never on a
+ *    shape error: the runtime validates shapes before it runs anything).
+ *  - Scalars that a step decides on the device (the loss scale, the
+ *    found-inf flag) are passed as device pointers, so a GPU step needs no
+ *    host synchronisation.
+ *  - `ex` is one job's execution context on the device (its thread budget on
+ *    the CPU, its stream on a GPU); ops of one ex run in order.
+ */
+#ifndef GS_KERNELS_BACKEND_H
+#define GS_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum gs_dtype {
+  GS_F32 = 0,
+  GS_F16 = 1,  /* IEEE binary16 */
+  GS_BF16 = 2, /* bfloat16 */
+} gs_dtype;
+
+size_t gs_dtype_size(gs_dtype dt);
+const char *gs_dtype_name(gs_dtype dt); /* "float32", "float16", "bfloat16" */
+
+/* Scalar conversions, round to nearest even; subnormals, infinities and NaN
+ * handled. The CPU backend uses them; the tests check them bit for bit. */
+uint16_t gs_f32_to_f16(float f);
+float gs_f16_to_f32(uint16_t h);
+uint16_t gs_f32_to_bf16(float f);
+float gs_bf16_to_f32(uint16_t h);
+
+/* Output size of a conv/pool window along one axis. SAME: ceil(in/stride);
+ * VALID: floor((in - k) / stride) + 1 (0 when k > in). */
+uint32_t gs_window_out(uint32_t in, uint32_t k, uint32_t stride, bool same);
+/* Padding before the first element (TensorFlow's SAME: total/2 at the top). */
+uint32_t gs_window_pad(uint32_t in, uint32_t k, uint32_t stride, bool same);
+
+/* Geometry of a conv2d / depthwise conv2d / pool: NHWC in, NHWC out. */
+typedef struct gs_conv_shape {
+  uint32_t n, h, w, c; /* input (N, H, W, C) */
+  uint32_t kh, kw;     /* window */
+  uint32_t stride;     /* same along both axes */
+  bool same;           /* SAME (true) or VALID padding */
+  uint32_t f;          /* output channels (conv2d); = c for depthwise/pool */
+  uint32_t oh, ow;     /* output height and width: set by gs_conv_shape_init */
+} gs_conv_shape;
+
+/* Fill oh/ow (and pad) from the rest; f must be set by the caller. */
+void gs_conv_shape_init(gs_conv_shape *s);
+
+typedef struct gs_exec gs_exec;       /* one job's context on a device */
+typedef struct gs_backend gs_backend; /* one device */
+
+typedef struct gs_exec_config {
+  int threads;      /* CPU: max threads for this job's ops (>= 1) */
+  int device_index; /* GPU ordinal; ignored on the CPU */
+} gs_exec_config;
+
+struct gs_backend {
+  const char *name; /* "cpu" or "cuda" */
+  void *impl;       /* backend-private state */
+
+  /* ---- device and memory ---- */
+  /* Physical bytes of the device (for the cpu backend: RAM). */
+  int (*device_memory)(gs_backend *b, int device_index, uint64_t *total,
+                       uint64_t *free_bytes);
+  /* Reserve a region of `bytes` (CPU: mmap'd, GPU: cudaMalloc). Returns 0 and
+   * *region, or -ENOMEM when the physical device has no more. */
+  int (*region_reserve)(gs_backend *b, int device_index, size_t bytes, void **region);
+  void (*region_release)(gs_backend *b, int device_index, void *region, size_t bytes);
+
+  int (*exec_create)(gs_backend *b, const gs_exec_config *cfg, gs_exec **ex);
+  void (*exec_destroy)(gs_exec *ex);
+  /* Wait until every op queued on ex has finished. */
+  int (*synchronize)(gs_exec *ex);
+
+  /* Host <-> device copies, ordered with the ops of ex. */
+  int (*copy_in)(gs_exec *ex, void *dev_dst, const void *host_src, size_t bytes);
+  int (*copy_out)(gs_exec *ex, void *host_dst, const void *dev_src, size_t bytes);
+  int (*copy)(gs_exec *ex, void *dev_dst, const void *dev_src, size_t bytes);
+  int (*zero)(gs_exec *ex, void *dev_dst, size_t bytes);
+
+  /* ---- dense: in (N, C), w (C, OC), b (OC), out (N, OC) ---- */
+  size_t (*dense_workspace)(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
+  int (*dense_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                       const void *w, const void *b, uint32_t n, uint32_t c,
+                       uint32_t oc, void *ws);
+  /* dw (C, OC) f32 +=, db (OC) f32 +=, din (N, C) dt = dout . w^T */
+  int (*dense_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                        const void *dout, const void *in, const void *w,
+                        uint32_t n, uint32_t c, uint32_t oc, void *ws);
+
+  /* ---- conv2d: in (N, H, W, C), w (KH, KW, C, F), b (F), out (N, OH, OW, F) */
+  size_t (*conv2d_workspace)(gs_dtype dt, const gs_conv_shape *s);
+  int (*conv2d_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                        const void *w, const void *b, const gs_conv_shape *s, void *ws);
+  int (*conv2d_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                         const void *dout, const void *in, const void *w,
+                         const gs_conv_shape *s, void *ws);
+
+  /* ---- depthwise conv2d (multiplier 1): in (N, H, W, C), w (KH, KW, C),
+   *      b (C), out (N, OH, OW, C); s->f == s->c ---- */
+  size_t (*depthwise_workspace)(gs_dtype dt, const gs_conv_shape *s);
+  int (*depthwise_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                           const void *w, const void *b, const gs_conv_shape *s, void *ws);
+  int (*depthwise_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                            const void *dout, const void *in, const void *w,
+                            const gs_conv_shape *s, void *ws);
+
+  /* ---- max pool (VALID windows, s->same ignored: always VALID):
+   *      in (N, H, W, C), out (N, OH, OW, C). Backward routes dout to the
+   *      first maximum of each window (recomputed from in), din overwritten. */
+  int (*maxpool_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                         const gs_conv_shape *s);
+  int (*maxpool_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                          const void *in, const gs_conv_shape *s);
+
+  /* ---- global average pool: in (N, H, W, C), out (N, C) ---- */
+  int (*gap_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                     uint32_t n, uint32_t h, uint32_t w, uint32_t c);
+  int (*gap_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                      uint32_t n, uint32_t h, uint32_t w, uint32_t c);
+
+  /* ---- relu over `count` elements; out may alias in, din may alias dout.
+   *      Backward uses the forward output: din = out > 0 ? dout : 0. ---- */
+  int (*relu_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
+  int (*relu_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                       const void *out, size_t count);
+
+  /* ---- softmax cross-entropy, fused and stable (max-subtracted):
+   *      logits (N, K) f32, labels (N) int32 in [0, K).
+   *      loss (N) f32: -log softmax(logits)[label], per example.
+   *      pred (N) int32: argmax of the logits (first on ties); may be NULL.
+   *      dlogits (N, K) f32 = (softmax - onehot) * (*grad_scale) / norm, when
+   *      not NULL; grad_scale is a device pointer (the loss scale, or 1), norm
+   *      the host divisor (examples per optimizer step). ---- */
+  int (*xent_forward_backward)(gs_exec *ex, float *loss, int32_t *pred, float *dlogits,
+                               const float *logits, const int32_t *labels,
+                               uint32_t n, uint32_t k, const float *grad_scale,
+                               float norm);
+
+  /* ---- casts: count elements from src (src_dt) to dst (dst_dt) ---- */
+  int (*cast)(gs_exec *ex, void *dst, gs_dtype dst_dt, const void *src, gs_dtype src_dt,
+              size_t count);
+
+  /* ---- mixed precision bookkeeping ----
+   * unscale_check: g (count) f32 *= 1 / (*scale); sets *found_inf = 1 (device
+   * int32, never cleared here) if any element of g is inf or NaN. */
+  int (*unscale_check)(gs_exec *ex, float *g, size_t count, const float *scale,
+                       int32_t *found_inf);
+  /* Dynamic loss scaling after a step: if *found_inf: scale *= 0.5 (not below
+   * 1), *good = 0, (*skipped)++; else (*good)++ and when *good reaches
+   * growth_interval: scale *= 2, *good = 0. Then *found_inf = 0. All device. */
+  int (*loss_scale_update)(gs_exec *ex, float *scale, int32_t *good, int32_t *found_inf,
+                           int64_t *skipped, uint32_t growth_interval);
+
+  /* ---- optimizers over fp32 masters; `skip` (device int32, may be NULL):
+   *      when *skip != 0 nothing changes (the fp16 overflow step). ----
+   * SGD: g' = g + wd*w; m = momentum*m + g' (when momentum > 0);
+   *      w -= lr * (nesterov ? g' + momentum*m : (momentum > 0 ? m : g')). */
+  int (*sgd_step)(gs_exec *ex, float *w, const float *g, float *m, size_t count,
+                  float lr, float momentum, bool nesterov, float weight_decay,
+                  const int32_t *skip);
+  /* Adam / AdamW, t = 1-based step after this update (bias correction).
+   * Adam:  g' = g + wd*w.  AdamW (decoupled): w -= lr*wd*w separately.
+   * m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+   * w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
+  int (*adam_step)(gs_exec *ex, float *w, const float *g, float *m, float *v,
+                   size_t count, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, bool decoupled, uint64_t t, const int32_t *skip);
+};
+
+/* The CPU backend: always available. */
+gs_backend *gs_backend_cpu(void);
+
+#endif
