@@ -19,6 +19,11 @@
 
 #include "gs_error.h"
 
+/* Read when gpushared is started without --config; a missing file there
+   means "all defaults" (gpushared.service starts the daemon this way). A file
+   named with --config must exist. */
+#define GS_CONFIG_DEFAULT_PATH "/etc/gpushared.conf"
+
 typedef struct gs_config {
   char socket_path[108];     /* default: $GPUSHARE_SOCKET, else /run/gpushared.sock */
   char state_dir[4096];      /* default /var/lib/gpushared */
@@ -40,7 +45,10 @@ void gs_config_defaults(gs_config *c);
 /* Parse a file of `key = value` lines (# comments, blank lines, keys as the
    field names above; sizes through gs_size_parse; modes in octal like 0660).
    On error: -1 and e names "FILE:LINE key" in field and the value and what is
-   allowed in msg; c is left unchanged (parse into a copy). Unknown keys are errors. */
+   allowed in msg; c is left unchanged (parse into a copy). Unknown keys are errors.
+   A file that cannot be opened: -1, errno kept, e->field the path and e->code
+   GS_NOT_FOUND when it does not exist (so the caller can accept a missing
+   GS_CONFIG_DEFAULT_PATH), GS_FAILED_PRECONDITION otherwise. */
 int gs_config_load(const char *path, gs_config *c, gs_err *e);
 /* Which keys SIGHUP can change live (admin_group, limits, log_level); the rest
    need a restart: returns a malloc'd text listing keys that differ and need a restart, or NULL. */
