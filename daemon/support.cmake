@@ -12,3 +12,7 @@ if(GS_TESTS)
   gs_unit_test(test_config SOURCES ${GS_SOURCE_DIR}/tests/unit/test_config.c LIBS gssupport)
   gs_unit_test(test_notify SOURCES ${GS_SOURCE_DIR}/tests/unit/test_notify.c LIBS gssupport)
 endif()
+
+# The service units are installed by the top-level CMakeLists.txt; the
+# groups and user they rely on go where systemd-sysusers looks for them.
+install(FILES ${GS_SOURCE_DIR}/systemd/sysusers.d/gpushare.conf DESTINATION lib/sysusers.d)
