@@ -1,0 +1,355 @@
+/*
+ * cpu_backend.c: the `cpu` device of gpushare: memory, execs, copies, and
+ * the table that ties the ops (cpu_dense.c, cpu_conv.c, cpu_elem.c) to the
+ * contract in backend.h. It is the reference every other backend is tested
+ * against, and the device a machine without a GPU trains on.
+ *
+ * Memory. A region is an anonymous private mmap, so a vdev's memory is the
+ * process's own and goes back to the system at release. A reserve larger
+ * than MemAvailable answers -ENOMEM up front (the kernel would overcommit and
+ * the job would die later, far from the cause); device_memory reports RAM and
+ * MemAvailable.
+ *
+ * Threads: how one job's ops keep to gs_exec_config.threads.
+ * Debian 12's libopenblas-dev pulls in the pthread build of OpenBLAS 0.3.21
+ * (/etc/alternatives/libopenblas.so -> openblas-pthread/). In that build the
+ * thread count is one process-wide variable (blas_cpu_number), set by
+ * openblas_set_num_threads() and read at every call; per-thread settings
+ * came only in 0.3.27. Setting it before each call, under a lock or not,
+ * lets a second job's call change the first one's bound mid-call, or
+ * serialises all jobs behind one lock. So gpushare sets OpenBLAS to ONE
+ * thread for the whole process, once (gs_backend_cpu), and does the
+ * splitting itself: each exec owns a pool of threads-1 workers (the calling
+ * job thread is the last one), and gs_cpu_sgemm cuts a GEMM into row blocks
+ * of C (column blocks when C is short and wide), each a single-threaded
+ * cblas_sgemm on one of the exec's threads. With nthreads == 1, OpenBLAS
+ * runs the call on the caller's thread with its per-call buffers taken from
+ * its locked memory pool, so concurrent calls from different jobs are safe
+ * and each job uses exactly the threads its exec was given, never more.
+ * The cost is that each part packs its own copy of B, which is small next
+ * to the GEMMs gpushare runs (batch x features). The OpenMP build would read
+ * omp_get_max_threads() per call but keeps it in the same global, racing
+ * between jobs; the serial build would work like this one but is not what
+ * the Debian package installs.
+ * Element-wise ops go through the same pool (gs_cpu_parallel) only above a
+ * grain where the split pays for the wake-up of a worker (tens of
+ * microseconds); small ones run on the job's thread.
+ *
+ * Ops are synchronous: they have finished when they return, so synchronize
+ * has nothing to wait for, and copies are memcpy.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "cpu_internal.h"
+
+/* ---- worker pool ---- */
+
+static void *cpu_worker_main(void *arg) {
+  struct gs_cpu_worker *wk = arg;
+  gs_exec *ex = wk->ex;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&ex->mu);
+  for (;;) {
+    while (!ex->stop && ex->gen == seen)
+      pthread_cond_wait(&ex->wake, &ex->mu);
+    if (ex->stop)
+      break;
+    seen = ex->gen;
+    gs_cpu_range_fn fn = ex->fn;
+    void *ctx = ex->ctx;
+    size_t n = ex->n;
+    int parts = ex->parts;
+    pthread_mutex_unlock(&ex->mu);
+    if (wk->id < parts)
+      fn(ctx, n * (size_t)wk->id / (size_t)parts, n * (size_t)(wk->id + 1) / (size_t)parts);
+    pthread_mutex_lock(&ex->mu);
+    if (--ex->pending == 0)
+      pthread_cond_signal(&ex->done);
+  }
+  pthread_mutex_unlock(&ex->mu);
+  return NULL;
+}
+
+void gs_cpu_parallel(gs_exec *ex, size_t n, size_t grain, gs_cpu_range_fn fn, void *ctx) {
+  if (n == 0)
+    return;
+  size_t parts = grain ? n / grain : n;
+  if (parts > (size_t)ex->nworkers + 1)
+    parts = (size_t)ex->nworkers + 1;
+  if (parts <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  pthread_mutex_lock(&ex->mu);
+  ex->fn = fn;
+  ex->ctx = ctx;
+  ex->n = n;
+  ex->parts = (int)parts;
+  ex->pending = ex->nworkers;
+  ex->gen++;
+  pthread_cond_broadcast(&ex->wake);
+  pthread_mutex_unlock(&ex->mu);
+  fn(ctx, 0, n / parts);
+  pthread_mutex_lock(&ex->mu);
+  while (ex->pending > 0)
+    pthread_cond_wait(&ex->done, &ex->mu);
+  pthread_mutex_unlock(&ex->mu);
+}
+
+/* ---- GEMM split over the exec's threads ---- */
+
+/* Multiply-adds below which a part is not worth a worker's wake-up. */
+#define GS_CPU_GEMM_GRAIN ((size_t)1 << 19)
+/* Rows (or columns) per block: parts are whole blocks. */
+#define GS_CPU_GEMM_BLOCK 16
+
+struct sgemm_job {
+  bool ta, tb, by_rows;
+  size_t m, n, k;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+  size_t lda, ldb, ldc;
+};
+
+static void sgemm_part(void *ctx, size_t lo, size_t hi) {
+  const struct sgemm_job *j = ctx;
+  size_t span = j->by_rows ? j->m : j->n;
+  lo *= GS_CPU_GEMM_BLOCK;
+  hi *= GS_CPU_GEMM_BLOCK;
+  if (hi > span)
+    hi = span;
+  if (lo >= hi)
+    return;
+  const float *a = j->a, *b = j->b;
+  float *c = j->c;
+  size_t m = j->m, n = j->n;
+  if (j->by_rows) {
+    a += j->ta ? lo : lo * j->lda;
+    c += lo * j->ldc;
+    m = hi - lo;
+  } else {
+    b += j->tb ? lo * j->ldb : lo;
+    c += lo;
+    n = hi - lo;
+  }
+  cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+              (blasint)m, (blasint)n, (blasint)j->k, j->alpha, a, (blasint)j->lda, b,
+              (blasint)j->ldb, j->beta, c, (blasint)j->ldc);
+}
+
+void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
+                  float alpha, const float *a, size_t lda, const float *b, size_t ldb,
+                  float beta, float *c, size_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) { /* C = beta * C, which BLAS leaves to the caller's reading */
+    for (size_t i = 0; i < m; i++)
+      for (size_t j = 0; j < n; j++)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  struct sgemm_job j = {.ta = trans_a, .tb = trans_b, .m = m, .n = n, .k = k,
+                        .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c,
+                        .lda = lda, .ldb = ldb, .ldc = ldc};
+  size_t work = m * n * k;
+  size_t parts = work / GS_CPU_GEMM_GRAIN;
+  size_t rblocks = (m + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
+  size_t cblocks = (n + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
+  if (parts > (size_t)ex->threads)
+    parts = (size_t)ex->threads;
+  /* rows unless C has too few row blocks to give each part one */
+  j.by_rows = rblocks >= parts || rblocks >= cblocks;
+  size_t blocks = j.by_rows ? rblocks : cblocks;
+  if (parts <= 1 || blocks <= 1) {
+    sgemm_part(&j, 0, blocks);
+    return;
+  }
+  gs_cpu_parallel(ex, blocks, blocks / parts ? blocks / parts : 1, sgemm_part, &j);
+}
+
+/* ---- device and memory ---- */
+
+static int64_t cpu_mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char line[256];
+    long long kb;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+        fclose(f);
+        return (int64_t)kb * 1024;
+      }
+    fclose(f);
+  }
+  long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  return pages > 0 && psz > 0 ? (int64_t)pages * psz : -1;
+}
+
+static int cpu_device_memory(gs_backend *b, int device_index, uint64_t *total,
+                             uint64_t *free_bytes) {
+  (void)b;
+  (void)device_index; /* one device: the machine's RAM */
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || psz <= 0)
+    return -EIO;
+  int64_t avail = cpu_mem_available();
+  if (avail < 0)
+    return -EIO;
+  if (total)
+    *total = (uint64_t)pages * (uint64_t)psz;
+  if (free_bytes)
+    *free_bytes = (uint64_t)avail;
+  return 0;
+}
+
+static int cpu_region_reserve(gs_backend *b, int device_index, size_t bytes, void **region) {
+  (void)b;
+  (void)device_index;
+  if (bytes == 0)
+    return -EINVAL;
+  int64_t avail = cpu_mem_available();
+  if (avail >= 0 && bytes > (uint64_t)avail)
+    return -ENOMEM;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return -ENOMEM;
+  *region = p;
+  return 0;
+}
+
+static void cpu_region_release(gs_backend *b, int device_index, void *region, size_t bytes) {
+  (void)b;
+  (void)device_index;
+  if (region && bytes)
+    munmap(region, bytes);
+}
+
+/* ---- execs ---- */
+
+static void cpu_exec_destroy(gs_exec *ex) {
+  if (!ex)
+    return;
+  pthread_mutex_lock(&ex->mu);
+  ex->stop = true;
+  pthread_cond_broadcast(&ex->wake);
+  pthread_mutex_unlock(&ex->mu);
+  for (int i = 0; i < ex->nworkers; i++)
+    pthread_join(ex->workers[i].tid, NULL);
+  pthread_cond_destroy(&ex->done);
+  pthread_cond_destroy(&ex->wake);
+  pthread_mutex_destroy(&ex->mu);
+  free(ex->workers);
+  free(ex);
+}
+
+static int cpu_exec_create(gs_backend *b, const gs_exec_config *cfg, gs_exec **out) {
+  (void)b;
+  if (!cfg || cfg->threads < 1)
+    return -EINVAL;
+  int threads = cfg->threads;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  if (ncpu > 0 && threads > ncpu)
+    threads = (int)ncpu; /* more threads than cores only adds switches */
+  gs_exec *ex = calloc(1, sizeof *ex);
+  if (!ex)
+    return -ENOMEM;
+  ex->threads = threads;
+  pthread_mutex_init(&ex->mu, NULL);
+  pthread_cond_init(&ex->wake, NULL);
+  pthread_cond_init(&ex->done, NULL);
+  int rc = -ENOMEM;
+  if (threads > 1) {
+    ex->workers = calloc((size_t)threads - 1, sizeof *ex->workers);
+    if (!ex->workers)
+      goto fail_pool;
+    for (int i = 0; i < threads - 1; i++) {
+      ex->workers[i].ex = ex;
+      ex->workers[i].id = i + 1;
+      int e = pthread_create(&ex->workers[i].tid, NULL, cpu_worker_main, &ex->workers[i]);
+      if (e) {
+        rc = -e;
+        goto fail_pool;
+      }
+      ex->nworkers++;
+    }
+  }
+  *out = ex;
+  return 0;
+fail_pool:
+  cpu_exec_destroy(ex); /* joins the workers started so far */
+  return rc;
+}
+
+static int cpu_synchronize(gs_exec *ex) {
+  (void)ex; /* every op has finished when it returns */
+  return 0;
+}
+
+static int cpu_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
+  (void)ex;
+  if (bytes)
+    memmove(dst, src, bytes);
+  return 0;
+}
+
+static int cpu_zero(gs_exec *ex, void *dst, size_t bytes) {
+  (void)ex;
+  if (bytes)
+    memset(dst, 0, bytes);
+  return 0;
+}
+
+/* ---- the table ---- */
+
+static gs_backend cpu_backend = {
+    .name = "cpu",
+    .impl = NULL,
+    .device_memory = cpu_device_memory,
+    .region_reserve = cpu_region_reserve,
+    .region_release = cpu_region_release,
+    .exec_create = cpu_exec_create,
+    .exec_destroy = cpu_exec_destroy,
+    .synchronize = cpu_synchronize,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .dense_workspace = gs_cpu_dense_workspace,
+    .dense_forward = gs_cpu_dense_forward,
+    .dense_backward = gs_cpu_dense_backward,
+    .conv2d_workspace = gs_cpu_conv2d_workspace,
+    .conv2d_forward = gs_cpu_conv2d_forward,
+    .conv2d_backward = gs_cpu_conv2d_backward,
+    .depthwise_workspace = gs_cpu_depthwise_workspace,
+    .depthwise_forward = gs_cpu_depthwise_forward,
+    .depthwise_backward = gs_cpu_depthwise_backward,
+    .maxpool_forward = gs_cpu_maxpool_forward,
+    .maxpool_backward = gs_cpu_maxpool_backward,
+    .gap_forward = gs_cpu_gap_forward,
+    .gap_backward = gs_cpu_gap_backward,
+    .relu_forward = gs_cpu_relu_forward,
+    .relu_backward = gs_cpu_relu_backward,
+    .xent_forward_backward = gs_cpu_xent,
+    .cast = gs_cpu_cast,
+    .unscale_check = gs_cpu_unscale_check,
+    .loss_scale_update = gs_cpu_loss_scale_update,
+    .sgd_step = gs_cpu_sgd_step,
+    .adam_step = gs_cpu_adam_step,
+};
+
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_init(void) { openblas_set_num_threads(1); }
+
+gs_backend *gs_backend_cpu(void) {
+  pthread_once(&cpu_once, cpu_init);
+  return &cpu_backend;
+}

@@ -1,0 +1,607 @@
+/*
+ * cpu_conv.c: the image ops over NHWC tensors: conv2d, depthwise conv2d,
+ * max pool, global average pool.
+ *
+ * conv2d is im2col + GEMM: each output pixel's window (KH, KW, C) becomes a
+ * row of `col`, so out (N*OH*OW, F) = col (N*OH*OW, KH*KW*C) . w (KH*KW*C, F)
+ * with w's natural (KH, KW, C, F) layout as the right-hand matrix. Backward
+ * is the same two GEMMs as dense (dw += col^T . dout, dcol = dout . w^T),
+ * and dcol is folded back onto din by a gather over input pixels, so each
+ * din element is written once by one thread (no atomics, deterministic).
+ * A 1x1 stride-1 fp32 conv is already a GEMM over the input and uses no
+ * workspace. To keep the workspace bounded whatever the batch, col holds a
+ * chunk of whole images, sized to GS_CPU_COL_BYTES: the planner sees the
+ * exact bytes from conv2d_workspace and the GEMMs stay large enough.
+ * 16-bit storage converts while it builds col (so the conversion costs
+ * nothing extra), converts w and dout into the workspace, and rounds once
+ * on store.
+ *
+ * Depthwise, pooling and GAP are direct loops with the channel innermost,
+ * as NHWC lays it out: a block of up to GS_CPU_CB channels is accumulated
+ * on the stack and the compiler vectorises across it. Forward ops split
+ * output rows over threads; depthwise dw/db split channels (each thread
+ * owns its slice of dw, so no reduction), din splits input rows.
+ */
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Upper bound on one chunk of im2col rows (at least one image is taken). */
+#define GS_CPU_COL_BYTES ((size_t)8 << 20)
+
+typedef struct geo {
+  long n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
+} geo;
+
+static geo geo_of(const gs_conv_shape *s, bool same) {
+  geo g = {.n = s->n, .h = s->h, .w = s->w, .c = s->c, .kh = s->kh, .kw = s->kw,
+           .stride = s->stride, .f = s->f};
+  g.oh = gs_window_out(s->h, s->kh, s->stride, same);
+  g.ow = gs_window_out(s->w, s->kw, s->stride, same);
+  g.pt = gs_window_pad(s->h, s->kh, s->stride, same);
+  g.pl = gs_window_pad(s->w, s->kw, s->stride, same);
+  return g;
+}
+
+/* Block of cb channels of dt at p as fp32: p itself for fp32, else tmp. */
+static inline const float *load_block(gs_dtype dt, const void *p, size_t i, float *tmp,
+                                      long cb) {
+  if (dt == GS_F32)
+    return (const float *)p + i;
+  gs_cpu_load_f32(dt, gs_cpu_at(dt, p, i), tmp, (size_t)cb);
+  return tmp;
+}
+
+/* ---- conv2d ---- */
+
+static bool conv_is_pointwise(const geo *g) { return g->kh == 1 && g->kw == 1 && g->stride == 1; }
+
+static long conv_images_per_chunk(const geo *g) {
+  size_t per = sizeof(float) * (size_t)(g->oh * g->ow) * (size_t)(g->kh * g->kw * g->c);
+  long ipc = per ? (long)(GS_CPU_COL_BYTES / per) : g->n;
+  if (ipc < 1)
+    ipc = 1;
+  return ipc < g->n ? ipc : g->n;
+}
+
+size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
+  geo g = geo_of(s, s->same);
+  size_t ipc = (size_t)conv_images_per_chunk(&g), p = (size_t)(g.oh * g.ow);
+  size_t k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
+  if (g.n == 0 || p == 0)
+    return 0;
+  if (dt == GS_F32)
+    return conv_is_pointwise(&g) ? 0 : sizeof(float) * ipc * p * k;
+  /* col + w + (out or dout), the same for forward and backward */
+  return sizeof(float) * (ipc * p * k + k * f + ipc * p * f);
+}
+
+struct im2col_job {
+  gs_dtype dt;
+  const geo *g;
+  const void *in;
+  float *col;
+  long n0; /* first image of the chunk */
+};
+
+/* rows [lo, hi) of the chunk: one output pixel each, KH*KW*C wide */
+static void im2col_part(void *ctx, size_t lo, size_t hi) {
+  const struct im2col_job *j = ctx;
+  const geo *g = j->g;
+  long p = g->oh * g->ow, k = g->kh * g->kw * g->c;
+  for (long r = (long)lo; r < (long)hi; r++) {
+    long img = j->n0 + r / p, q = r % p, oy = q / g->ow, ox = q % g->ow;
+    float *dst = j->col + (size_t)r * (size_t)k;
+    for (long ky = 0; ky < g->kh; ky++) {
+      long iy = oy * g->stride - g->pt + ky;
+      if (iy < 0 || iy >= g->h) {
+        memset(dst, 0, sizeof(float) * (size_t)(g->kw * g->c));
+        dst += g->kw * g->c;
+        continue;
+      }
+      for (long kx = 0; kx < g->kw; kx++, dst += g->c) {
+        long ix = ox * g->stride - g->pl + kx;
+        if (ix < 0 || ix >= g->w)
+          memset(dst, 0, sizeof(float) * (size_t)g->c);
+        else
+          gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, j->in, (size_t)(((img * g->h + iy) * g->w + ix) * g->c)),
+                          dst, (size_t)g->c);
+      }
+    }
+  }
+}
+
+static void im2col(gs_exec *ex, gs_dtype dt, const geo *g, const void *in, float *col, long n0,
+                   long nc) {
+  struct im2col_job j = {.dt = dt, .g = g, .in = in, .col = col, .n0 = n0};
+  gs_cpu_parallel(ex, (size_t)(nc * g->oh * g->ow), 256, im2col_part, &j);
+}
+
+struct col2im_job {
+  gs_dtype dt;
+  const geo *g;
+  const float *col; /* dcol of the chunk */
+  void *din;
+  long n0;
+};
+
+/* input rows [lo, hi) of the chunk (image-major): gather every window
+ * element that read each input pixel */
+static void col2im_part(void *ctx, size_t lo, size_t hi) {
+  const struct col2im_job *j = ctx;
+  const geo *g = j->g;
+  long k = g->kh * g->kw * g->c;
+  float acc[GS_CPU_CB];
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->h, iy = item % g->h;
+    for (long ix = 0; ix < g->w; ix++) {
+      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
+        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
+        memset(acc, 0, sizeof(float) * (size_t)cb);
+        for (long ky = 0; ky < g->kh; ky++) {
+          long ty = iy + g->pt - ky;
+          if (ty < 0 || ty % g->stride)
+            continue;
+          long oy = ty / g->stride;
+          if (oy >= g->oh)
+            continue;
+          for (long kx = 0; kx < g->kw; kx++) {
+            long tx = ix + g->pl - kx;
+            if (tx < 0 || tx % g->stride)
+              continue;
+            long ox = tx / g->stride;
+            if (ox >= g->ow)
+              continue;
+            const float *src =
+                j->col + (size_t)((img * g->oh + oy) * g->ow + ox) * (size_t)k +
+                (size_t)((ky * g->kw + kx) * g->c + c0);
+            for (long c = 0; c < cb; c++)
+              acc[c] += src[c];
+          }
+        }
+        size_t at = (size_t)((((j->n0 + img) * g->h + iy) * g->w + ix) * g->c + c0);
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->din, at), acc, (size_t)cb);
+      }
+    }
+  }
+}
+
+/* rows (M, F) f32 = b (F, dt), or zero when b is NULL */
+static void fill_rows(gs_dtype dt, float *rows, const void *b, size_t m, size_t f) {
+  if (!b) {
+    memset(rows, 0, sizeof(float) * m * f);
+    return;
+  }
+  gs_cpu_load_f32(dt, b, rows, f);
+  for (size_t i = 1; i < m; i++)
+    memcpy(rows + i * f, rows, sizeof(float) * f);
+}
+
+/* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F) */
+int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
+                          const void *b, const gs_conv_shape *s, void *ws) {
+  geo g = geo_of(s, s->same);
+  size_t p = (size_t)(g.oh * g.ow), k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
+  if (g.n == 0 || p == 0 || f == 0)
+    return 0;
+  if (dt == GS_F32 && conv_is_pointwise(&g)) {
+    size_t m = (size_t)g.n * p;
+    fill_rows(dt, out, b, m, f);
+    gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, in, k, w, f, 1.0f, out, f);
+    return 0;
+  }
+  long ipc = conv_images_per_chunk(&g);
+  float *col = ws, *wf = (float *)w, *outf = NULL;
+  if (dt != GS_F32) {
+    wf = col + (size_t)ipc * p * k;
+    outf = wf + k * f;
+    gs_cpu_load_f32_par(ex, dt, w, wf, k * f);
+  }
+  for (long n0 = 0; n0 < g.n; n0 += ipc) {
+    long nc = g.n - n0 < ipc ? g.n - n0 : ipc;
+    size_t m = (size_t)nc * p;
+    im2col(ex, dt, &g, in, col, n0, nc);
+    float *dst = dt == GS_F32 ? (float *)out + (size_t)n0 * p * f : outf;
+    fill_rows(dt, dst, b, m, f);
+    gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, col, k, wf, f, 1.0f, dst, f);
+    if (dt != GS_F32)
+      gs_cpu_store_f32_par(ex, dt, gs_cpu_at_mut(dt, out, (size_t)n0 * p * f), outf, m * f);
+  }
+  return 0;
+}
+
+static void bias_grad(float *db, const float *dout, size_t m, size_t f) {
+  for (size_t i = 0; i < m; i++)
+    for (size_t j = 0; j < f; j++)
+      db[j] += dout[i * f + j];
+}
+
+/* dw (KH, KW, C, F) f32 +=, db (F) f32 +=, din (N, H, W, C) dt overwritten;
+ * any of the three may be NULL. */
+int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                           const void *dout, const void *in, const void *w,
+                           const gs_conv_shape *s, void *ws) {
+  geo g = geo_of(s, s->same);
+  size_t p = (size_t)(g.oh * g.ow), k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
+  if (g.n == 0)
+    return 0;
+  if (p == 0 || f == 0) { /* no output: no gradient reaches the input */
+    if (din)
+      memset(din, 0, (size_t)(g.n * g.h * g.w * g.c) * gs_dtype_size(dt));
+    return 0;
+  }
+  if (dt == GS_F32 && conv_is_pointwise(&g)) {
+    size_t m = (size_t)g.n * p;
+    if (db)
+      bias_grad(db, dout, m, f);
+    if (dw)
+      gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, in, k, dout, f, 1.0f, dw, f);
+    if (din)
+      gs_cpu_sgemm(ex, false, true, m, k, f, 1.0f, dout, f, w, f, 0.0f, din, k);
+    return 0;
+  }
+  long ipc = conv_images_per_chunk(&g);
+  float *col = ws, *wf = (float *)w, *doutf = NULL;
+  if (dt != GS_F32) {
+    wf = col + (size_t)ipc * p * k;
+    doutf = wf + k * f;
+    if (din)
+      gs_cpu_load_f32_par(ex, dt, w, wf, k * f);
+  }
+  for (long n0 = 0; n0 < g.n; n0 += ipc) {
+    long nc = g.n - n0 < ipc ? g.n - n0 : ipc;
+    size_t m = (size_t)nc * p;
+    const float *d = (const float *)dout + (size_t)n0 * p * f;
+    if (dt != GS_F32) {
+      gs_cpu_load_f32_par(ex, dt, gs_cpu_at(dt, dout, (size_t)n0 * p * f), doutf, m * f);
+      d = doutf;
+    }
+    if (db)
+      bias_grad(db, d, m, f);
+    if (dw) {
+      im2col(ex, dt, &g, in, col, n0, nc);
+      gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, col, k, d, f, 1.0f, dw, f);
+    }
+    if (din) {
+      gs_cpu_sgemm(ex, false, true, m, k, f, 1.0f, d, f, wf, f, 0.0f, col, k);
+      struct col2im_job j = {.dt = dt, .g = &g, .col = col, .din = din, .n0 = n0};
+      gs_cpu_parallel(ex, (size_t)(nc * g.h), 4, col2im_part, &j);
+    }
+  }
+  return 0;
+}
+
+/* ---- depthwise conv2d ---- */
+
+size_t gs_cpu_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s) {
+  if (dt == GS_F32)
+    return 0;
+  /* w (KH, KW, C) and b (C) as fp32 */
+  return sizeof(float) * ((size_t)s->kh * s->kw * s->c + s->c);
+}
+
+struct dw_job {
+  gs_dtype dt;
+  const geo *g;
+  void *dst;         /* out (forward) or din (backward) */
+  const void *src;   /* in (forward) or dout (backward) */
+  const void *in;    /* in, for dw */
+  const float *wf;   /* w as fp32 */
+  const float *bf;   /* b as fp32, or NULL */
+  float *dw, *db;
+};
+
+/* output rows (img, oy) [lo, hi) */
+static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_job *j = ctx;
+  const geo *g = j->g;
+  float acc[GS_CPU_CB], tmp[GS_CPU_CB];
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->oh, oy = item % g->oh;
+    for (long ox = 0; ox < g->ow; ox++) {
+      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
+        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
+        if (j->bf)
+          memcpy(acc, j->bf + c0, sizeof(float) * (size_t)cb);
+        else
+          memset(acc, 0, sizeof(float) * (size_t)cb);
+        for (long ky = 0; ky < g->kh; ky++) {
+          long iy = oy * g->stride - g->pt + ky;
+          if (iy < 0 || iy >= g->h)
+            continue;
+          for (long kx = 0; kx < g->kw; kx++) {
+            long ix = ox * g->stride - g->pl + kx;
+            if (ix < 0 || ix >= g->w)
+              continue;
+            const float *x = load_block(j->dt, j->src,
+                                        (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
+            const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
+            for (long c = 0; c < cb; c++)
+              acc[c] += x[c] * wr[c];
+          }
+        }
+        size_t at = (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0);
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), acc, (size_t)cb);
+      }
+    }
+  }
+}
+
+/* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C) */
+int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                             const void *w, const void *b, const gs_conv_shape *s, void *ws) {
+  geo g = geo_of(s, s->same);
+  const float *wf = w, *bf = b;
+  if (dt != GS_F32) {
+    float *p = ws;
+    gs_cpu_load_f32(dt, w, p, (size_t)(g.kh * g.kw * g.c));
+    wf = p;
+    if (b) {
+      gs_cpu_load_f32(dt, b, p + g.kh * g.kw * g.c, (size_t)g.c);
+      bf = p + g.kh * g.kw * g.c;
+    }
+  }
+  struct dw_job j = {.dt = dt, .g = &g, .dst = out, .src = in, .wf = wf, .bf = bf};
+  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, dw_fwd_part, &j);
+  return 0;
+}
+
+/* channels [lo*8, hi*8) of dw and db: this thread owns them */
+static void dw_wgrad_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_job *j = ctx;
+  const geo *g = j->g;
+  long clo = (long)lo * 8, chi = (long)hi * 8 < g->c ? (long)hi * 8 : g->c;
+  float dtmp[GS_CPU_CB], xtmp[GS_CPU_CB];
+  for (long c0 = clo; c0 < chi; c0 += GS_CPU_CB) {
+    long cb = chi - c0 < GS_CPU_CB ? chi - c0 : GS_CPU_CB;
+    for (long img = 0; img < g->n; img++)
+      for (long oy = 0; oy < g->oh; oy++)
+        for (long ox = 0; ox < g->ow; ox++) {
+          const float *d = load_block(j->dt, j->src,
+                                      (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), dtmp, cb);
+          if (j->db)
+            for (long c = 0; c < cb; c++)
+              j->db[c0 + c] += d[c];
+          if (!j->dw)
+            continue;
+          for (long ky = 0; ky < g->kh; ky++) {
+            long iy = oy * g->stride - g->pt + ky;
+            if (iy < 0 || iy >= g->h)
+              continue;
+            for (long kx = 0; kx < g->kw; kx++) {
+              long ix = ox * g->stride - g->pl + kx;
+              if (ix < 0 || ix >= g->w)
+                continue;
+              const float *x = load_block(j->dt, j->in,
+                                          (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), xtmp, cb);
+              float *dwr = j->dw + (ky * g->kw + kx) * g->c + c0;
+              for (long c = 0; c < cb; c++)
+                dwr[c] += d[c] * x[c];
+            }
+          }
+        }
+  }
+}
+
+/* input rows (img, iy) [lo, hi) of din: gather from the windows that read them */
+static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_job *j = ctx;
+  const geo *g = j->g;
+  float acc[GS_CPU_CB], tmp[GS_CPU_CB];
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->h, iy = item % g->h;
+    for (long ix = 0; ix < g->w; ix++) {
+      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
+        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
+        memset(acc, 0, sizeof(float) * (size_t)cb);
+        for (long ky = 0; ky < g->kh; ky++) {
+          long ty = iy + g->pt - ky;
+          if (ty < 0 || ty % g->stride)
+            continue;
+          long oy = ty / g->stride;
+          if (oy >= g->oh)
+            continue;
+          for (long kx = 0; kx < g->kw; kx++) {
+            long tx = ix + g->pl - kx;
+            if (tx < 0 || tx % g->stride)
+              continue;
+            long ox = tx / g->stride;
+            if (ox >= g->ow)
+              continue;
+            const float *d = load_block(j->dt, j->src,
+                                        (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), tmp, cb);
+            const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
+            for (long c = 0; c < cb; c++)
+              acc[c] += d[c] * wr[c];
+          }
+        }
+        size_t at = (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0);
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), acc, (size_t)cb);
+      }
+    }
+  }
+}
+
+/* dw (KH, KW, C) f32 +=, db (C) f32 +=, din (N, H, W, C) dt overwritten */
+int gs_cpu_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                              const void *dout, const void *in, const void *w,
+                              const gs_conv_shape *s, void *ws) {
+  geo g = geo_of(s, s->same);
+  const float *wf = w;
+  if (dt != GS_F32 && din) {
+    gs_cpu_load_f32(dt, w, ws, (size_t)(g.kh * g.kw * g.c));
+    wf = ws;
+  }
+  struct dw_job j = {.dt = dt, .g = &g, .dst = din, .src = dout, .in = in, .wf = wf,
+                     .dw = dw, .db = db};
+  if (dw || db)
+    gs_cpu_parallel(ex, (size_t)((g.c + 7) / 8), 1, dw_wgrad_part, &j);
+  if (din)
+    gs_cpu_parallel(ex, (size_t)(g.n * g.h), 2, dw_dgrad_part, &j);
+  return 0;
+}
+
+/* ---- max pool (always VALID) ---- */
+
+struct pool_job {
+  gs_dtype dt;
+  const geo *g;
+  void *dst;
+  const void *src; /* in (forward) or dout (backward) */
+  const void *in;
+};
+
+static void maxpool_fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct pool_job *j = ctx;
+  const geo *g = j->g;
+  float best[GS_CPU_CB], tmp[GS_CPU_CB];
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->oh, oy = item % g->oh;
+    for (long ox = 0; ox < g->ow; ox++)
+      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
+        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
+        for (long t = 0; t < g->kh * g->kw; t++) {
+          long iy = oy * g->stride + t / g->kw, ix = ox * g->stride + t % g->kw;
+          const float *x = load_block(j->dt, j->src,
+                                      (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
+          if (t == 0)
+            memcpy(best, x, sizeof(float) * (size_t)cb);
+          else
+            for (long c = 0; c < cb; c++)
+              best[c] = x[c] > best[c] ? x[c] : best[c];
+        }
+        size_t at = (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0);
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), best, (size_t)cb);
+      }
+  }
+}
+
+/* in (N, H, W, C), out (N, OH, OW, C); OH/OW from VALID whatever s->same */
+int gs_cpu_maxpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                           const gs_conv_shape *s) {
+  geo g = geo_of(s, false);
+  struct pool_job j = {.dt = dt, .g = &g, .dst = out, .src = in};
+  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, maxpool_fwd_part, &j);
+  return 0;
+}
+
+/* images [lo, hi): din zeroed, then each window's dout added at its first
+ * maximum; one image per thread, so overlapping windows never race. */
+static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct pool_job *j = ctx;
+  const geo *g = j->g;
+  size_t esz = gs_dtype_size(j->dt), img_elems = (size_t)(g->h * g->w * g->c);
+  float best[GS_CPU_CB], tmp[GS_CPU_CB], dtmp[GS_CPU_CB];
+  int32_t arg[GS_CPU_CB];
+  bool overlap = g->stride < g->kh || g->stride < g->kw;
+  memset(gs_cpu_at_mut(j->dt, j->dst, lo * img_elems), 0, (hi - lo) * img_elems * esz);
+  for (long img = (long)lo; img < (long)hi; img++)
+    for (long oy = 0; oy < g->oh; oy++)
+      for (long ox = 0; ox < g->ow; ox++)
+        for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
+          long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
+          for (long t = 0; t < g->kh * g->kw; t++) {
+            long iy = oy * g->stride + t / g->kw, ix = ox * g->stride + t % g->kw;
+            const float *x = load_block(j->dt, j->in,
+                                        (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
+            for (long c = 0; c < cb; c++)
+              if (t == 0 || x[c] > best[c]) {
+                best[c] = x[c];
+                arg[c] = (int32_t)t;
+              }
+          }
+          const float *d = load_block(j->dt, j->src,
+                                      (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), dtmp, cb);
+          for (long c = 0; c < cb; c++) {
+            long iy = oy * g->stride + arg[c] / g->kw, ix = ox * g->stride + arg[c] % g->kw;
+            size_t at = (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0 + c);
+            if (j->dt == GS_F32) {
+              ((float *)j->dst)[at] += d[c];
+            } else {
+              float v = d[c];
+              if (overlap) { /* windows share inputs: add onto what is there */
+                float old;
+                gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, j->dst, at), &old, 1);
+                v += old;
+              }
+              gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), &v, 1);
+            }
+          }
+        }
+}
+
+int gs_cpu_maxpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            const void *in, const gs_conv_shape *s) {
+  geo g = geo_of(s, false);
+  struct pool_job j = {.dt = dt, .g = &g, .dst = din, .src = dout, .in = in};
+  if (g.oh == 0 || g.ow == 0) {
+    memset(din, 0, (size_t)(g.n * g.h * g.w * g.c) * gs_dtype_size(dt));
+    return 0;
+  }
+  gs_cpu_parallel(ex, (size_t)g.n, 1, maxpool_bwd_part, &j);
+  return 0;
+}
+
+/* ---- global average pool ---- */
+
+struct gap_job {
+  gs_dtype dt;
+  void *dst;
+  const void *src;
+  long hw, c;
+};
+
+static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct gap_job *j = ctx;
+  float acc[GS_CPU_CB], tmp[GS_CPU_CB];
+  for (long img = (long)lo; img < (long)hi; img++)
+    for (long c0 = 0; c0 < j->c; c0 += GS_CPU_CB) {
+      long cb = j->c - c0 < GS_CPU_CB ? j->c - c0 : GS_CPU_CB;
+      memset(acc, 0, sizeof(float) * (size_t)cb);
+      for (long q = 0; q < j->hw; q++) {
+        const float *x = load_block(j->dt, j->src, (size_t)((img * j->hw + q) * j->c + c0), tmp, cb);
+        for (long c = 0; c < cb; c++)
+          acc[c] += x[c];
+      }
+      for (long c = 0; c < cb; c++)
+        acc[c] /= (float)j->hw;
+      gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, (size_t)(img * j->c + c0)), acc, (size_t)cb);
+    }
+}
+
+static void gap_bwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct gap_job *j = ctx;
+  float g[GS_CPU_CB], tmp[GS_CPU_CB];
+  for (long img = (long)lo; img < (long)hi; img++)
+    for (long c0 = 0; c0 < j->c; c0 += GS_CPU_CB) {
+      long cb = j->c - c0 < GS_CPU_CB ? j->c - c0 : GS_CPU_CB;
+      const float *d = load_block(j->dt, j->src, (size_t)(img * j->c + c0), tmp, cb);
+      for (long c = 0; c < cb; c++)
+        g[c] = d[c] / (float)j->hw;
+      for (long q = 0; q < j->hw; q++)
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, (size_t)((img * j->hw + q) * j->c + c0)),
+                         g, (size_t)cb);
+    }
+}
+
+/* in (N, H, W, C) -> out (N, C), the mean over H*W */
+int gs_cpu_gap_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, uint32_t n,
+                       uint32_t h, uint32_t w, uint32_t c) {
+  struct gap_job j = {.dt = dt, .dst = out, .src = in, .hw = (long)h * w, .c = c};
+  if (j.hw == 0) {
+    memset(out, 0, (size_t)n * c * gs_dtype_size(dt));
+    return 0;
+  }
+  gs_cpu_parallel(ex, n, 8, gap_fwd_part, &j);
+  return 0;
+}
+
+/* din (N, H, W, C) = dout (N, C) / (H*W), overwritten */
+int gs_cpu_gap_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, uint32_t n,
+                        uint32_t h, uint32_t w, uint32_t c) {
+  struct gap_job j = {.dt = dt, .dst = din, .src = dout, .hw = (long)h * w, .c = c};
+  if (j.hw == 0)
+    return 0;
+  gs_cpu_parallel(ex, n, 8, gap_bwd_part, &j);
+  return 0;
+}

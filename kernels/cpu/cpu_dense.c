@@ -1,0 +1,99 @@
+/*
+ * cpu_dense.c: the fully connected layer, in (N, C) . w (C, OC) + b (OC).
+ *
+ * fp32 runs cblas_sgemm straight on the caller's buffers (the bias is
+ * written into out first and the GEMM accumulates onto it, beta = 1), so an
+ * fp32 step makes no copies. 16-bit storage converts in, w (and dout) into
+ * the workspace, runs the same fp32 GEMMs there and rounds the result once
+ * on store, which is what a GPU's fp32-accumulating GEMM does.
+ *
+ * Workspace (16-bit only), in floats: in (N*C) + w (C*OC) + out or dout
+ * (N*OC). Backward reuses the converted-input slot for din once dw is done,
+ * so forward and backward need the same bytes.
+ */
+#include <string.h>
+
+#include "cpu_internal.h"
+
+size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
+  if (dt == GS_F32)
+    return 0;
+  return sizeof(float) * ((size_t)n * c + (size_t)c * oc + (size_t)n * oc);
+}
+
+/* out (N, OC) f32: every row = b (dt), or nothing when there is no bias. */
+static void fill_bias_rows(gs_dtype dt, float *out, const void *b, uint32_t n, uint32_t oc) {
+  gs_cpu_load_f32(dt, b, out, oc);
+  for (uint32_t i = 1; i < n; i++)
+    memcpy(out + (size_t)i * oc, out, sizeof(float) * oc);
+}
+
+/* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt */
+int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
+                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws) {
+  if (n == 0 || oc == 0)
+    return 0;
+  const float *inf = in, *wf = w;
+  float *outf = out;
+  if (dt != GS_F32) {
+    float *p = ws;
+    gs_cpu_load_f32_par(ex, dt, in, p, (size_t)n * c);
+    inf = p;
+    p += (size_t)n * c;
+    gs_cpu_load_f32_par(ex, dt, w, p, (size_t)c * oc);
+    wf = p;
+    p += (size_t)c * oc;
+    outf = p;
+  }
+  if (b)
+    fill_bias_rows(dt, outf, b, n, oc);
+  gs_cpu_sgemm(ex, false, false, n, oc, c, 1.0f, inf, c, wf, oc, b ? 1.0f : 0.0f, outf, oc);
+  if (dt != GS_F32)
+    gs_cpu_store_f32_par(ex, dt, out, outf, (size_t)n * oc);
+  return 0;
+}
+
+/* db (OC) += column sums of dout (N, OC) f32 */
+static void bias_grad(float *db, const float *dout, uint32_t n, uint32_t oc) {
+  for (uint32_t i = 0; i < n; i++) {
+    const float *row = dout + (size_t)i * oc;
+    for (uint32_t j = 0; j < oc; j++)
+      db[j] += row[j];
+  }
+}
+
+/* dw (C, OC) f32 += in^T . dout; db (OC) f32 += sum_n dout;
+ * din (N, C) dt = dout (N, OC) . w^T; din, dw, db may each be NULL. */
+int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                          const void *dout, const void *in, const void *w, uint32_t n,
+                          uint32_t c, uint32_t oc, void *ws) {
+  if (n == 0)
+    return 0;
+  const float *inf = in, *wf = w, *doutf = dout;
+  float *dinf = din, *inbuf = NULL;
+  if (dt != GS_F32) {
+    float *p = ws;
+    inbuf = p;
+    if (dw)
+      gs_cpu_load_f32_par(ex, dt, in, inbuf, (size_t)n * c);
+    inf = inbuf;
+    p += (size_t)n * c;
+    if (din)
+      gs_cpu_load_f32_par(ex, dt, w, p, (size_t)c * oc);
+    wf = p;
+    p += (size_t)c * oc;
+    gs_cpu_load_f32_par(ex, dt, dout, p, (size_t)n * oc);
+    doutf = p;
+    dinf = inbuf; /* the converted input is dead once dw is done */
+  }
+  if (db)
+    bias_grad(db, doutf, n, oc);
+  if (dw)
+    gs_cpu_sgemm(ex, true, false, c, oc, n, 1.0f, inf, c, doutf, oc, 1.0f, dw, oc);
+  if (din) {
+    gs_cpu_sgemm(ex, false, true, n, c, oc, 1.0f, doutf, oc, wf, oc, 0.0f, dinf, c);
+    if (dt != GS_F32)
+      gs_cpu_store_f32_par(ex, dt, din, dinf, (size_t)n * c);
+  }
+  return 0;
+}

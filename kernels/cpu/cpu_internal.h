@@ -1,0 +1,119 @@
+/*
+ * cpu_internal.h: what the files of the cpu backend share, and nothing
+ * more: the exec (one job's thread budget and its small worker pool), the
+ * parallel-range helper, the row-split GEMM and the array conversions
+ * between the storage types and fp32. Not installed, not part of the
+ * contract; backend.h is.
+ */
+#ifndef GS_KERNELS_CPU_INTERNAL_H
+#define GS_KERNELS_CPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+/* fn(ctx, lo, hi) processes items [lo, hi) of a range split over threads. */
+typedef void (*gs_cpu_range_fn)(void *ctx, size_t lo, size_t hi);
+
+struct gs_cpu_worker {
+  gs_exec *ex;   /* the exec whose ranges this thread runs */
+  int id;        /* 1..nworkers: the part of each range it takes */
+  pthread_t tid; /* the thread */
+};
+
+struct gs_exec {
+  int threads;            /* threads this job's ops may use, caller included */
+  int nworkers;           /* pool threads (threads - 1) actually started */
+  struct gs_cpu_worker *workers; /* the pool, started at exec_create */
+  pthread_mutex_t mu;     /* guards everything below */
+  pthread_cond_t wake;    /* a new range was posted (gen changed) or stop */
+  pthread_cond_t done;    /* pending reached 0 */
+  uint64_t gen;           /* bumped for each posted range */
+  int pending;            /* workers still running the current range */
+  bool stop;              /* exec_destroy asked the pool to leave */
+  gs_cpu_range_fn fn;     /* the current range's function */
+  void *ctx;              /* and its argument */
+  size_t n;               /* items in the current range */
+  int parts;              /* parts it is split into (part 0 is the caller's) */
+};
+
+/* Split [0, n) into at most ex->threads parts of at least `grain` items and
+ * run them on the pool (the caller runs part 0); returns when all are done. */
+void gs_cpu_parallel(gs_exec *ex, size_t n, size_t grain, gs_cpu_range_fn fn, void *ctx);
+
+/* Row-major C (M,N) = alpha * op(A) op(B) + beta * C with cblas_sgemm, split
+ * over rows of C (or columns when C is short and wide) across ex's threads,
+ * each part a single-threaded OpenBLAS call. */
+void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
+                  float alpha, const float *a, size_t lda, const float *b, size_t ldb,
+                  float beta, float *c, size_t ldc);
+
+/* count elements of dt at src -> fp32 at dst, and back (nearest even). */
+void gs_cpu_load_f32(gs_dtype dt, const void *src, float *dst, size_t count);
+void gs_cpu_store_f32(gs_dtype dt, void *dst, const float *src, size_t count);
+/* The same over ex's threads, for large arrays. */
+void gs_cpu_load_f32_par(gs_exec *ex, gs_dtype dt, const void *src, float *dst, size_t count);
+void gs_cpu_store_f32_par(gs_exec *ex, gs_dtype dt, void *dst, const float *src, size_t count);
+
+/* Element offset -> byte pointer for a tensor of dt. */
+static inline const void *gs_cpu_at(gs_dtype dt, const void *p, size_t i) {
+  return (const char *)p + i * gs_dtype_size(dt);
+}
+static inline void *gs_cpu_at_mut(gs_dtype dt, void *p, size_t i) {
+  return (char *)p + i * gs_dtype_size(dt);
+}
+
+/* Channel block that inner loops keep on the stack (floats). */
+#define GS_CPU_CB 128
+
+/* Ops, one group a file (cpu_dense.c, cpu_conv.c, cpu_elem.c). */
+size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
+int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
+                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws);
+int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                          const void *dout, const void *in, const void *w, uint32_t n,
+                          uint32_t c, uint32_t oc, void *ws);
+
+size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s);
+int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
+                          const void *b, const gs_conv_shape *s, void *ws);
+int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                           const void *dout, const void *in, const void *w,
+                           const gs_conv_shape *s, void *ws);
+size_t gs_cpu_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s);
+int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                             const void *w, const void *b, const gs_conv_shape *s, void *ws);
+int gs_cpu_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
+                              const void *dout, const void *in, const void *w,
+                              const gs_conv_shape *s, void *ws);
+int gs_cpu_maxpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                           const gs_conv_shape *s);
+int gs_cpu_maxpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            const void *in, const gs_conv_shape *s);
+int gs_cpu_gap_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, uint32_t n,
+                       uint32_t h, uint32_t w, uint32_t c);
+int gs_cpu_gap_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, uint32_t n,
+                        uint32_t h, uint32_t w, uint32_t c);
+
+int gs_cpu_relu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
+int gs_cpu_relu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                         const void *out, size_t count);
+int gs_cpu_xent(gs_exec *ex, float *loss, int32_t *pred, float *dlogits, const float *logits,
+                const int32_t *labels, uint32_t n, uint32_t k, const float *grad_scale,
+                float norm);
+int gs_cpu_cast(gs_exec *ex, void *dst, gs_dtype dst_dt, const void *src, gs_dtype src_dt,
+                size_t count);
+int gs_cpu_unscale_check(gs_exec *ex, float *g, size_t count, const float *scale,
+                         int32_t *found_inf);
+int gs_cpu_loss_scale_update(gs_exec *ex, float *scale, int32_t *good, int32_t *found_inf,
+                             int64_t *skipped, uint32_t growth_interval);
+int gs_cpu_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t count, float lr,
+                    float momentum, bool nesterov, float weight_decay, const int32_t *skip);
+int gs_cpu_adam_step(gs_exec *ex, float *w, const float *g, float *m, float *v, size_t count,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     bool decoupled, uint64_t t, const int32_t *skip);
+
+#endif
