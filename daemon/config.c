@@ -35,7 +35,7 @@
 #define GS_CONFIG_MIB ((uint64_t)1 << 20)
 #define GS_CONFIG_GIB ((uint64_t)1 << 30)
 #define GS_CONFIG_FRAME_MAX (16 * GS_CONFIG_MIB) /* the protocol's hard limit */
-#define GS_CONFIG_FRAME_MIN ((uint64_t)64 << 10) /* room for any control request */
+#define GS_CONFIG_FRAME_MIN (2 * GS_CONFIG_MIB) /* a 1 MiB upload chunk and its envelope */
 
 enum gs_config__kind {
   GS_CONFIG__PATH,  /* absolute path, fits the field */

@@ -164,7 +164,7 @@ Test(config, bad_size) {
   expect_refusal("max_upload = 12XB\n", 1, "max_upload", "12XB", NULL);
   expect_refusal("gpu_reserve = -1GiB\n", 1, "gpu_reserve", "-1GiB", NULL);
   expect_refusal("max_frame = 32MiB\n", 1, "max_frame", "32MiB", "16.00 MiB");
-  expect_refusal("max_frame = 100\n", 1, "max_frame", "\"100\"", "64.00 KiB to 16.00 MiB");
+  expect_refusal("max_frame = 100\n", 1, "max_frame", "\"100\"", "2.00 MiB to 16.00 MiB");
   expect_refusal("max_upload = 0\n", 1, "max_upload", "at least 1 B", NULL);
 }
 
