@@ -106,12 +106,20 @@ static void gs_config__where(char *buf, size_t cap, const char *path, unsigned l
                              const char *key) {
   char tail[32];
   snprintf(tail, sizeof tail, ":%u%s", line, key[0] ? " " : "");
-  size_t room = cap - 1 - strlen(tail) - strlen(key);
-  size_t plen = strlen(path);
-  if (plen > room && room > 3)
-    snprintf(buf, cap, "...%s%s%s", path + plen - (room - 3), tail, key);
-  else
-    snprintf(buf, cap, "%s%s%s", path, tail, key);
+  size_t klen = strlen(key), tlen = strlen(tail), plen = strlen(path);
+  size_t room = cap > 1 + tlen + klen ? cap - 1 - tlen - klen : 0;
+  const char *head = "";
+  if (plen > room && room > 3) {
+    head = "...";
+    path += plen - (room - 3);
+  }
+  /* Assemble by hand: the parts were sized above, so nothing is cut but the
+   * path's head, and gcc's truncation analysis has nothing to guess. */
+  size_t o = 0;
+  const char *parts[4] = {head, path, tail, key};
+  for (int i = 0; i < 4; i++)
+    for (const char *p = parts[i]; *p && o + 1 < cap; p++) buf[o++] = *p;
+  buf[o] = '\0';
 }
 
 static void gs_config__key_list(char *buf, size_t cap) {

@@ -1,0 +1,38 @@
+/*
+ * daemon.h: the control plane's state, owned by its loop thread.
+ *
+ * One gs_daemon per gpushared process: the configuration in force, the
+ * store, the devices, the resolved admin group and the libuv loop. Only the
+ * loop thread reads or writes it, so it needs no lock.
+ */
+#ifndef GS_DAEMON_H
+#define GS_DAEMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "devices.h"
+#include "store.h"
+
+#define GS_VERSION "0.1.0"
+
+typedef struct gs_server gs_server;
+
+typedef struct gs_daemon {
+  gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
+  char config_path[4096];   /* "" when running on defaults */
+  gs_store *store;
+  gs_devices devices;
+  bool have_admin_gid;      /* false when cfg.admin_group does not exist */
+  uint32_t admin_gid;
+  uv_loop_t *loop;
+  gs_server *server;
+  uint64_t requests;        /* served since start, for the status line */
+} gs_daemon;
+
+/* Resolve cfg.admin_group to a gid (logs when the group does not exist). */
+void gs_daemon_resolve_admin(gs_daemon *d);
+
+#endif

@@ -1,0 +1,95 @@
+# lib.sh: what every integration test shares. Source it after `set -u`.
+#
+# Each test gets its own directory (socket, state, config, logs) under /tmp,
+# a daemon started with --foreground and stopped at exit, and helpers that
+# check an exit status and the error text together, since a refusal that
+# says the wrong thing is as much a bug as one that does not happen.
+GPUSHARED=${1:?usage: test.sh GPUSHARED GPUCTL}
+GPUCTL=${2:?usage: test.sh GPUSHARED GPUCTL}
+PY=/usr/bin/python3
+T=$(mktemp -d /tmp/gs-it-XXXXXX)
+chmod 755 "$T"   # an unprivileged peer must reach the socket inside
+SOCK=$T/gpushared.sock
+STATE=$T/state
+CONF=$T/gpushared.conf
+DPID=
+FAILS=0
+CHECKS=0
+
+cat >"$CONF" <<CONF
+# written by tests/integration/lib.sh
+socket_group = nogroup
+socket_mode = 0660
+admin_group = users
+cpu_memory = 2GiB
+log_level = debug
+CONF
+
+cleanup() {
+  if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then kill -KILL "$DPID" 2>/dev/null; fi
+  if [ "$FAILS" -ne 0 ] && [ -f "$T/daemon.log" ]; then
+    echo "---- daemon log (last 40 lines) ----"; tail -n 40 "$T/daemon.log"
+  fi
+  rm -rf "$T"
+}
+trap cleanup EXIT
+
+ctl() { "$GPUCTL" --socket "$SOCK" "$@"; }
+# As uid/gid 65534 (nobody/nogroup), with extra groups given as a list.
+ctl_as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$GPUCTL" --socket "$SOCK" "$@"; }
+ctl_as() { local uid=$1 groups=$2; shift 2
+  setpriv --reuid="$uid" --regid=65534 --groups="$groups" "$GPUCTL" --socket "$SOCK" "$@"; }
+
+pass() { CHECKS=$((CHECKS + 1)); echo "ok - $*"; }
+fail() { CHECKS=$((CHECKS + 1)); FAILS=$((FAILS + 1)); echo "FAIL - $*"; }
+
+start_daemon() {
+  "$GPUSHARED" --foreground --config "$CONF" --socket "$SOCK" --state-dir "$STATE" \
+    >>"$T/daemon.log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 1 100); do
+    if ctl version >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$DPID" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  fail "gpushared did not come up"; tail -n 20 "$T/daemon.log"; exit 1
+}
+
+stop_daemon() {  # SIGTERM: must drain and exit 0
+  kill -TERM "$DPID"
+  local rc=0; wait "$DPID" || rc=$?
+  DPID=
+  [ "$rc" -eq 0 ] && pass "SIGTERM: gpushared exited 0" || fail "SIGTERM: gpushared exited $rc"
+}
+
+kill9_daemon() {
+  kill -KILL "$DPID"; wait "$DPID" 2>/dev/null || true; DPID=
+}
+
+# expect_ok DESCRIPTION CMD...: exit 0.
+expect_ok() {
+  local what=$1; shift
+  local out
+  if out=$("$@" 2>&1); then pass "$what"; else fail "$what: exit $? : $out"; fi
+  LAST_OUT=$out
+}
+
+# expect_fail DESCRIPTION EXIT CODE_OR_TEXT CMD...: that exit status, and the
+# output (stderr included) contains the text.
+expect_fail() {
+  local what=$1 want=$2 text=$3; shift 3
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  if [ "$rc" -ne "$want" ]; then fail "$what: exit $rc, wanted $want: $out"
+  elif [[ "$out" != *"$text"* ]]; then fail "$what: output lacks \"$text\": $out"
+  else pass "$what"; fi
+  LAST_OUT=$out
+}
+
+# A snapshot of all admin state, to check that a refusal changed nothing.
+snapshot() { ctl --json tenant list; ctl --json vdev list; ctl --json devices; }
+
+finish() {
+  echo "$((CHECKS - FAILS)) passed, $FAILS failed"
+  [ "$FAILS" -eq 0 ]
+}

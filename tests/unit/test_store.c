@@ -1,0 +1,218 @@
+/* test_store.c: the store's migrations, persistence and accounting. */
+#include <criterion/criterion.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store.h"
+
+static char dir[64];
+static gs_store *s;
+static gs_err e;
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/gs-test-store-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  gs_err_clear(&e);
+  cr_assert_eq(gs_store_open(dir, &s, &e), 0, "%s", e.msg);
+}
+
+static void teardown(void) {
+  gs_store_close(s);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static void mk_tenant(const char *name, uint64_t mem, uint32_t compute, uint32_t uid) {
+  gs_tenant t = {0};
+  snprintf(t.name, sizeof t.name, "%s", name);
+  t.quota.memory = mem;
+  t.quota.compute = compute;
+  t.uids = &uid;
+  t.n_uids = 1;
+  cr_assert_eq(gs_store_tenant_create(s, &t, &e), 0, "%s", e.msg);
+}
+
+static int mk_vdev(const char *name, const char *tenant, uint64_t mem, uint32_t compute,
+                   uint64_t usable) {
+  gs_vdev v = {0};
+  snprintf(v.name, sizeof v.name, "%s", name);
+  snprintf(v.device, sizeof v.device, "cpu");
+  snprintf(v.tenant, sizeof v.tenant, "%s", tenant);
+  v.memory_limit = mem;
+  v.compute_share = compute;
+  gs_device_limits lim = {.usable = usable};
+  gs_err_clear(&e);
+  return gs_store_vdev_create(s, &v, &lim, &e);
+}
+
+TestSuite(store, .init = setup, .fini = teardown);
+
+Test(store, fresh_database_is_migrated) {
+  cr_assert_eq(gs_store_schema_version(s), GS_STORE_SCHEMA_VERSION);
+  cr_assert_eq(gs_store_check(s, &e), 0);
+}
+
+Test(store, newer_schema_is_refused) {
+  gs_store_close(s);
+  s = NULL;
+  char path[128];
+  snprintf(path, sizeof path, "%s/gpushared.db", dir);
+  sqlite3 *db;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(db, "PRAGMA user_version = 99", 0, 0, 0), SQLITE_OK);
+  sqlite3_close(db);
+  cr_assert_eq(gs_store_open(dir, &s, &e), -1);
+  cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
+  cr_assert(strstr(e.msg, "schema version 99"), "%s", e.msg);
+}
+
+Test(store, state_survives_reopen) {
+  mk_tenant("team-a", 0, 0, 1000);
+  cr_assert_eq(mk_vdev("a0", "team-a", 1 << 20, 50, 1 << 30), 0, "%s", e.msg);
+  gs_store_close(s);
+  cr_assert_eq(gs_store_open(dir, &s, &e), 0, "%s", e.msg);
+  gs_tenant t;
+  cr_assert_eq(gs_store_tenant_get(s, "team-a", &t, &e), 0, "%s", e.msg);
+  cr_assert_eq(t.n_uids, 1);
+  cr_assert_eq(t.uids[0], 1000);
+  cr_assert_eq(t.vdev_count, 1);
+  cr_assert_eq(t.memory_allocated, 1 << 20);
+  gs_tenant_clear(&t);
+  gs_vdev v;
+  cr_assert_eq(gs_store_vdev_get(s, "a0", &v, &e), 0);
+  cr_assert_eq(v.compute_share, 50);
+}
+
+Test(store, names_are_checked) {
+  cr_assert_eq(gs_store_name_valid("ok-name_1.x", "name", &e), 0);
+  cr_assert_eq(gs_store_name_valid("", "name", &e), -1);
+  cr_assert_eq(gs_store_name_valid("-lead", "name", &e), -1);
+  cr_assert_eq(gs_store_name_valid("a/b", "name", &e), -1);
+  cr_assert(strstr(e.msg, "'/'"), "%s", e.msg);
+  cr_assert_eq(gs_store_name_valid("a\nb", "name", &e), -1);
+  cr_assert(strstr(e.msg, "\\x0a"), "control characters are shown escaped: %s", e.msg);
+  char longname[100];
+  memset(longname, 'x', 99);
+  longname[99] = 0;
+  cr_assert_eq(gs_store_name_valid(longname, "name", &e), -1);
+  cr_assert(strstr(e.msg, "99 characters"), "%s", e.msg);
+}
+
+Test(store, duplicates_refused) {
+  mk_tenant("t", 0, 0, 1);
+  gs_tenant t = {0};
+  snprintf(t.name, sizeof t.name, "t");
+  cr_assert_eq(gs_store_tenant_create(s, &t, &e), -1);
+  cr_assert_eq(e.code, GS_ALREADY_EXISTS);
+  cr_assert_eq(mk_vdev("v", "t", 100, 10, 1000), 0);
+  cr_assert_eq(mk_vdev("v", "t", 100, 10, 1000), -1);
+  cr_assert_eq(e.code, GS_ALREADY_EXISTS);
+}
+
+Test(store, uid_in_one_tenant_only) {
+  mk_tenant("a", 0, 0, 1000);
+  gs_tenant t = {0};
+  uint32_t uid = 1000;
+  snprintf(t.name, sizeof t.name, "b");
+  t.uids = &uid;
+  t.n_uids = 1;
+  cr_assert_eq(gs_store_tenant_create(s, &t, &e), -1);
+  cr_assert_eq(e.code, GS_ALREADY_EXISTS);
+  cr_assert(strstr(e.msg, "tenant a"), "%s", e.msg);
+  /* Nothing of b was kept. */
+  gs_tenant got;
+  cr_assert_eq(gs_store_tenant_get(s, "b", &got, &e), -1);
+  cr_assert_eq(e.code, GS_NOT_FOUND);
+}
+
+Test(store, device_memory_accounting) {
+  mk_tenant("t", 0, 0, 1);
+  cr_assert_eq(mk_vdev("v1", "t", 600, 10, 1000), 0);
+  cr_assert_eq(mk_vdev("v2", "t", 500, 10, 1000), -1);
+  cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
+  cr_assert(strstr(e.msg, "400 bytes are left"), "%s", e.msg);
+  cr_assert_eq(mk_vdev("v2", "t", 400, 10, 1000), 0, "exactly what is left fits");
+  gs_device_usage u;
+  cr_assert_eq(gs_store_device_usage(s, "cpu", &u, &e), 0);
+  cr_assert_eq(u.memory, 1000);
+  cr_assert_eq(u.vdevs, 2);
+  cr_assert_eq(gs_store_vdev_delete(s, "v1", &e), 0);
+  cr_assert_eq(mk_vdev("v3", "t", 600, 10, 1000), 0, "deleting returns the memory");
+}
+
+Test(store, compute_over_100_refused) {
+  mk_tenant("t", 0, 0, 1);
+  cr_assert_eq(mk_vdev("v1", "t", 1, 75, 1000), 0);
+  cr_assert_eq(mk_vdev("v2", "t", 1, 26, 1000), -1);
+  cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
+  cr_assert_str_eq(e.field, "compute_share");
+  cr_assert_eq(mk_vdev("v2", "t", 1, 25, 1000), 0);
+  cr_assert_eq(mk_vdev("v3", "t", 1, 0, 1000), -1);
+  cr_assert_eq(e.code, GS_INVALID_ARGUMENT);
+}
+
+Test(store, tenant_quota_accounting) {
+  mk_tenant("t", 1000, 60, 1);
+  cr_assert_eq(mk_vdev("v1", "t", 800, 30, 1 << 20), 0);
+  cr_assert_eq(mk_vdev("v2", "t", 300, 10, 1 << 20), -1);
+  cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
+  cr_assert(strstr(e.msg, "memory quota"), "%s", e.msg);
+  cr_assert_eq(mk_vdev("v2", "t", 200, 31, 1 << 20), -1);
+  cr_assert(strstr(e.msg, "compute quota"), "%s", e.msg);
+  cr_assert_eq(mk_vdev("v2", "t", 200, 30, 1 << 20), 0);
+  /* Lowering the quota below what is held is refused and changes nothing. */
+  gs_quota_update u = {.set_memory = true, .q.memory = 500};
+  cr_assert_eq(gs_store_quota_set(s, "t", &u, &e), -1);
+  cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
+  gs_tenant t;
+  cr_assert_eq(gs_store_tenant_get(s, "t", &t, &e), 0);
+  cr_assert_eq(t.quota.memory, 1000);
+  gs_tenant_clear(&t);
+  u = (gs_quota_update){.set_max_running = true, .q.max_running = 3};
+  cr_assert_eq(gs_store_quota_set(s, "t", &u, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_tenant_get(s, "t", &t, &e), 0);
+  cr_assert_eq(t.quota.max_running, 3);
+  cr_assert_eq(t.quota.memory, 1000, "fields not set are kept");
+  gs_tenant_clear(&t);
+}
+
+Test(store, tenant_with_vdevs_not_deleted) {
+  mk_tenant("t", 0, 0, 1);
+  cr_assert_eq(mk_vdev("v", "t", 1, 1, 10), 0);
+  cr_assert_eq(gs_store_tenant_delete(s, "t", &e), -1);
+  cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
+  cr_assert_eq(gs_store_vdev_delete(s, "v", &e), 0);
+  cr_assert_eq(gs_store_tenant_delete(s, "t", &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_tenant_delete(s, "t", &e), -1);
+  cr_assert_eq(e.code, GS_NOT_FOUND);
+}
+
+Test(store, vdev_needs_existing_tenant) {
+  cr_assert_eq(mk_vdev("v", "nobody", 1, 1, 10), -1);
+  cr_assert_eq(e.code, GS_NOT_FOUND);
+}
+
+Test(store, tenants_of_peer) {
+  gs_tenant t = {0};
+  uint32_t gid = 500;
+  snprintf(t.name, sizeof t.name, "bygroup");
+  t.gids = &gid;
+  t.n_gids = 1;
+  cr_assert_eq(gs_store_tenant_create(s, &t, &e), 0, "%s", e.msg);
+  mk_tenant("byuid", 0, 0, 42);
+  char names[4][GS_NAME_MAX + 1];
+  bool by_uid[4];
+  size_t n;
+  uint32_t gids[] = {7, 500};
+  cr_assert_eq(gs_store_tenants_of(s, 42, gids, 2, names, by_uid, 4, &n, &e), 0);
+  cr_assert_eq(n, 2);
+  cr_assert_str_eq(names[0], "byuid");
+  cr_assert(by_uid[0]);
+  cr_assert_str_eq(names[1], "bygroup");
+  cr_assert_eq(gs_store_tenants_of(s, 43, gids, 1, names, by_uid, 4, &n, &e), 0);
+  cr_assert_eq(n, 0);
+}
