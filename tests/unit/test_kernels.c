@@ -1,0 +1,748 @@
+/*
+ * test_kernels.c: the cpu backend against plain definitions.
+ *
+ * Every layer op is checked three ways on odd shapes (stride 2 VALID and
+ * SAME, 1x1 and 5x5 windows, batch 1 and 3, odd H/W/C):
+ *  - forward against a naive double-precision reference written straight
+ *    from the definition (direct loops, explicit padding);
+ *  - backward (din, dw, db) against central finite differences of the
+ *    double reference on the scalar loss sum(out * R), R fixed and random;
+ *    dw/db start from a non-zero value to check they accumulate;
+ *  - fp16/bf16 storage against the fp32 op on the same (rounded) inputs,
+ *    within abs + |ref| * eps(dtype).
+ * Workspaces are allocated with exactly the queried bytes, so an op that
+ * needs more shows up under ASan. The optimizers, the loss-scale state
+ * machine, unscale/check, casts and the cross-entropy are checked against
+ * hand-computed values and direct double computations.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state;
+static double urand(void) { /* uniform in [-1, 1) */
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
+}
+
+static double round_dt(gs_dtype dt, double v) {
+  switch (dt) {
+  case GS_F16:
+    return gs_f16_to_f32(gs_f32_to_f16((float)v));
+  case GS_BF16:
+    return gs_bf16_to_f32(gs_f32_to_bf16((float)v));
+  default:
+    return (float)v;
+  }
+}
+
+static double eps_dt(gs_dtype dt) {
+  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
+}
+
+/* fill x with random values exactly representable in dt */
+static void fill(gs_dtype dt, double *x, size_t n, double scale) {
+  for (size_t i = 0; i < n; i++)
+    x[i] = round_dt(dt, urand() * scale);
+}
+
+static void *to_dt(gs_dtype dt, const double *x, size_t n) {
+  void *p = malloc(n * gs_dtype_size(dt) + 1);
+  for (size_t i = 0; i < n; i++) {
+    if (dt == GS_F32)
+      ((float *)p)[i] = (float)x[i];
+    else if (dt == GS_F16)
+      ((uint16_t *)p)[i] = gs_f32_to_f16((float)x[i]);
+    else
+      ((uint16_t *)p)[i] = gs_f32_to_bf16((float)x[i]);
+  }
+  return p;
+}
+
+static double get_dt(gs_dtype dt, const void *p, size_t i) {
+  if (dt == GS_F32)
+    return ((const float *)p)[i];
+  if (dt == GS_F16)
+    return gs_f16_to_f32(((const uint16_t *)p)[i]);
+  return gs_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static gs_backend *B;
+static gs_exec *EX;
+
+static void setup_ex(void) {
+  B = gs_backend_cpu();
+  gs_exec_config cfg = {.threads = 2, .device_index = 0};
+  cr_assert_eq(B->exec_create(B, &cfg, &EX), 0);
+  rng_state = 0x9e3779b97f4a7c15ull;
+}
+
+static void teardown_ex(void) { B->exec_destroy(EX); }
+
+/* exactly the bytes the query returned (NULL for 0), so overruns trip ASan */
+static void *ws_alloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
+
+static void expect_close(const char *what, const char *name, size_t i, double got, double ref,
+                         double abs_tol, double rel) {
+  double tol = abs_tol + fabs(ref) * rel;
+  cr_assert(fabs(got - ref) <= tol, "%s %s[%zu]: got %.9g, want %.9g (tol %.3g)", what, name, i,
+            got, ref, tol);
+}
+
+/* ---- the layer ops under test, as one case type ---- */
+
+enum op { OP_DENSE, OP_CONV, OP_DW, OP_MAXPOOL, OP_GAP, OP_RELU };
+
+typedef struct tcase {
+  enum op op;
+  const char *name;
+  gs_conv_shape s; /* image ops; for dense: n, c = in features, f = out features */
+  size_t count;    /* relu */
+} tcase;
+
+typedef struct layer {
+  const tcase *t;
+  size_t nx, nw, nb, ny;
+  double *x, *w, *b, *r, *y; /* input, weight, bias, loss weights R, ref output */
+  long oh, ow, pt, pl;
+} layer;
+
+static void layer_geometry(layer *L) {
+  const gs_conv_shape *s = &L->t->s;
+  bool same = L->t->op == OP_MAXPOOL ? false : s->same;
+  L->oh = gs_window_out(s->h, s->kh, s->stride, same);
+  L->ow = gs_window_out(s->w, s->kw, s->stride, same);
+  L->pt = gs_window_pad(s->h, s->kh, s->stride, same);
+  L->pl = gs_window_pad(s->w, s->kw, s->stride, same);
+  size_t n = s->n, img = (size_t)s->n * s->h * s->w * s->c;
+  switch (L->t->op) {
+  case OP_DENSE:
+    L->nx = n * s->c, L->nw = (size_t)s->c * s->f, L->nb = s->f, L->ny = n * s->f;
+    break;
+  case OP_CONV:
+    L->nx = img, L->nw = (size_t)s->kh * s->kw * s->c * s->f, L->nb = s->f;
+    L->ny = n * L->oh * L->ow * s->f;
+    break;
+  case OP_DW:
+    L->nx = img, L->nw = (size_t)s->kh * s->kw * s->c, L->nb = s->c;
+    L->ny = n * L->oh * L->ow * s->c;
+    break;
+  case OP_MAXPOOL:
+    L->nx = img, L->nw = L->nb = 0, L->ny = n * L->oh * L->ow * s->c;
+    break;
+  case OP_GAP:
+    L->nx = img, L->nw = L->nb = 0, L->ny = n * s->c;
+    break;
+  case OP_RELU:
+    L->nx = L->ny = L->t->count, L->nw = L->nb = 0;
+    break;
+  }
+}
+
+/* The definitions, in double, with padding spelled out. */
+static void ref_forward(layer *L) {
+  const gs_conv_shape *s = &L->t->s;
+  long N = s->n, H = s->h, W = s->w, C = s->c, KH = s->kh, KW = s->kw, S = s->stride, F = s->f;
+  double *y = L->y;
+  switch (L->t->op) {
+  case OP_DENSE:
+    for (long i = 0; i < N; i++)
+      for (long o = 0; o < F; o++) {
+        double a = L->b[o];
+        for (long k = 0; k < C; k++)
+          a += L->x[i * C + k] * L->w[k * F + o];
+        y[i * F + o] = a;
+      }
+    return;
+  case OP_CONV:
+  case OP_DW:
+  case OP_MAXPOOL: {
+    long FO = L->t->op == OP_CONV ? F : C;
+    for (long n = 0; n < N; n++)
+      for (long oy = 0; oy < L->oh; oy++)
+        for (long ox = 0; ox < L->ow; ox++)
+          for (long o = 0; o < FO; o++) {
+            double a = L->t->op == OP_MAXPOOL ? -INFINITY : L->b[o];
+            for (long ky = 0; ky < KH; ky++)
+              for (long kx = 0; kx < KW; kx++) {
+                long iy = oy * S - L->pt + ky, ix = ox * S - L->pl + kx;
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                  continue; /* zero padding */
+                const double *px = L->x + ((n * H + iy) * W + ix) * C;
+                if (L->t->op == OP_CONV) {
+                  for (long c = 0; c < C; c++)
+                    a += px[c] * L->w[((ky * KW + kx) * C + c) * F + o];
+                } else if (L->t->op == OP_DW) {
+                  a += px[o] * L->w[(ky * KW + kx) * C + o];
+                } else if (px[o] > a) {
+                  a = px[o];
+                }
+              }
+            y[((n * L->oh + oy) * L->ow + ox) * FO + o] = a;
+          }
+    return;
+  }
+  case OP_GAP:
+    for (long n = 0; n < N; n++)
+      for (long c = 0; c < C; c++) {
+        double a = 0;
+        for (long q = 0; q < H * W; q++)
+          a += L->x[(n * H * W + q) * C + c];
+        y[n * C + c] = a / (double)(H * W);
+      }
+    return;
+  case OP_RELU:
+    for (size_t i = 0; i < L->nx; i++)
+      y[i] = L->x[i] > 0 ? L->x[i] : 0;
+    return;
+  }
+}
+
+static double ref_loss(layer *L) {
+  ref_forward(L);
+  double l = 0;
+  for (size_t i = 0; i < L->ny; i++)
+    l += L->y[i] * L->r[i];
+  return l;
+}
+
+/* d loss / d v[i] by central differences (exact for the piecewise-linear
+ * ops here, up to double rounding, as long as no kink lies within h) */
+static void fd_grad(layer *L, double *v, size_t n, double *g) {
+  const double h = 1e-4;
+  for (size_t i = 0; i < n; i++) {
+    double keep = v[i];
+    v[i] = keep + h;
+    double lp = ref_loss(L);
+    v[i] = keep - h;
+    double lm = ref_loss(L);
+    v[i] = keep;
+    g[i] = (lp - lm) / (2 * h);
+  }
+}
+
+static void layer_init(layer *L, const tcase *t, gs_dtype dt) {
+  memset(L, 0, sizeof *L);
+  L->t = t;
+  layer_geometry(L);
+  L->x = calloc(L->nx + 1, sizeof(double));
+  L->w = calloc(L->nw + 1, sizeof(double));
+  L->b = calloc(L->nb + 1, sizeof(double));
+  L->r = calloc(L->ny + 1, sizeof(double));
+  L->y = calloc(L->ny + 1, sizeof(double));
+  fill(dt, L->x, L->nx, 1.0);
+  if (t->op == OP_RELU || t->op == OP_MAXPOOL) {
+    /* keep inputs away from the kinks (0 for relu, ties for max) */
+    for (size_t i = 0; i < L->nx; i++) {
+      double v = (double)((i * 7919) % (L->nx * 2 + 1)) / (double)L->nx - 1.0;
+      L->x[i] = round_dt(dt, v + (v >= 0 ? 0.01 : -0.01));
+    }
+  }
+  fill(dt, L->w, L->nw, 0.5);
+  fill(dt, L->b, L->nb, 0.5);
+  fill(dt, L->r, L->ny, 1.0);
+}
+
+static void layer_free(layer *L) {
+  free(L->x);
+  free(L->w);
+  free(L->b);
+  free(L->r);
+  free(L->y);
+}
+
+/* Run the backend's forward and backward in dt; fill out (ny), din (nx),
+ * dw (nw), db (nb), as doubles. dw/db start at 0.25 and 0.25 is taken off
+ * again, which fails if the op overwrote instead of accumulating. */
+static void run_backend(layer *L, gs_dtype dt, double *out, double *din, double *dw, double *db) {
+  const tcase *t = L->t;
+  const gs_conv_shape *s = &t->s;
+  void *x = to_dt(dt, L->x, L->nx), *w = to_dt(dt, L->w, L->nw), *b = to_dt(dt, L->b, L->nb);
+  void *r = to_dt(dt, L->r, L->ny);
+  void *y = calloc(L->ny + 1, gs_dtype_size(dt)), *dx = calloc(L->nx + 1, gs_dtype_size(dt));
+  float *gw = malloc((L->nw + 1) * sizeof(float)), *gb = malloc((L->nb + 1) * sizeof(float));
+  for (size_t i = 0; i < L->nw; i++)
+    gw[i] = 0.25f;
+  for (size_t i = 0; i < L->nb; i++)
+    gb[i] = 0.25f;
+  size_t wsb = 0;
+  switch (t->op) {
+  case OP_DENSE:
+    wsb = B->dense_workspace(dt, s->n, s->c, s->f);
+    break;
+  case OP_CONV:
+    wsb = B->conv2d_workspace(dt, s);
+    break;
+  case OP_DW:
+    wsb = B->depthwise_workspace(dt, s);
+    break;
+  default:
+    break;
+  }
+  void *ws = ws_alloc(wsb);
+  int rc = 0;
+  switch (t->op) {
+  case OP_DENSE:
+    rc |= B->dense_forward(EX, dt, y, x, w, b, s->n, s->c, s->f, ws);
+    rc |= B->dense_backward(EX, dt, dx, gw, gb, r, x, w, s->n, s->c, s->f, ws);
+    break;
+  case OP_CONV:
+    rc |= B->conv2d_forward(EX, dt, y, x, w, b, s, ws);
+    rc |= B->conv2d_backward(EX, dt, dx, gw, gb, r, x, w, s, ws);
+    break;
+  case OP_DW:
+    rc |= B->depthwise_forward(EX, dt, y, x, w, b, s, ws);
+    rc |= B->depthwise_backward(EX, dt, dx, gw, gb, r, x, w, s, ws);
+    break;
+  case OP_MAXPOOL:
+    rc |= B->maxpool_forward(EX, dt, y, x, s);
+    memset(dx, 0x55, L->nx * gs_dtype_size(dt)); /* din is overwritten, not added to */
+    rc |= B->maxpool_backward(EX, dt, dx, r, x, s);
+    break;
+  case OP_GAP:
+    rc |= B->gap_forward(EX, dt, y, x, s->n, s->h, s->w, s->c);
+    rc |= B->gap_backward(EX, dt, dx, r, s->n, s->h, s->w, s->c);
+    break;
+  case OP_RELU:
+    rc |= B->relu_forward(EX, dt, y, x, t->count);
+    /* relu backward reads the forward output: din = out > 0 ? dout : 0 */
+    rc |= B->relu_backward(EX, dt, dx, r, y, t->count);
+    break;
+  }
+  cr_assert_eq(rc, 0, "%s: an op failed", t->name);
+  for (size_t i = 0; i < L->ny; i++)
+    out[i] = get_dt(dt, y, i);
+  for (size_t i = 0; i < L->nx; i++)
+    din[i] = get_dt(dt, dx, i);
+  for (size_t i = 0; i < L->nw; i++)
+    dw[i] = (double)gw[i] - 0.25;
+  for (size_t i = 0; i < L->nb; i++)
+    db[i] = (double)gb[i] - 0.25;
+  free(ws);
+  free(x), free(w), free(b), free(r), free(y), free(dx), free(gw), free(gb);
+}
+
+static const tcase CASES[] = {
+    {OP_DENSE, "dense 3x7->5", {.n = 3, .c = 7, .f = 5}, 0},
+    {OP_DENSE, "dense 1x33->17", {.n = 1, .c = 33, .f = 17}, 0},
+    {OP_DENSE, "dense 37x9->3", {.n = 37, .c = 9, .f = 3}, 0},
+    {OP_CONV, "conv 3x3 s2 VALID", {.n = 3, .h = 7, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 2, .same = false, .f = 4}, 0},
+    {OP_CONV, "conv 3x3 s2 SAME", {.n = 3, .h = 7, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 2, .same = true, .f = 4}, 0},
+    {OP_CONV, "conv 5x5 s1 SAME n1", {.n = 1, .h = 5, .w = 7, .c = 5, .kh = 5, .kw = 5, .stride = 1, .same = true, .f = 3}, 0},
+    {OP_CONV, "conv 5x5 s2 VALID", {.n = 3, .h = 9, .w = 7, .c = 3, .kh = 5, .kw = 5, .stride = 2, .same = false, .f = 2}, 0},
+    {OP_CONV, "conv 1x1 s1", {.n = 3, .h = 5, .w = 3, .c = 7, .kh = 1, .kw = 1, .stride = 1, .same = true, .f = 5}, 0},
+    {OP_CONV, "conv 1x1 s2 SAME", {.n = 3, .h = 7, .w = 5, .c = 3, .kh = 1, .kw = 1, .stride = 2, .same = true, .f = 2}, 0},
+    {OP_CONV, "conv 3x5 s2 SAME", {.n = 1, .h = 6, .w = 9, .c = 3, .kh = 3, .kw = 5, .stride = 2, .same = true, .f = 3}, 0},
+    {OP_DW, "dw 3x3 s2 VALID", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 3, .kw = 3, .stride = 2, .same = false, .f = 5}, 0},
+    {OP_DW, "dw 3x3 s2 SAME", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 3, .kw = 3, .stride = 2, .same = true, .f = 5}, 0},
+    {OP_DW, "dw 5x5 s1 SAME n1", {.n = 1, .h = 5, .w = 7, .c = 3, .kh = 5, .kw = 5, .stride = 1, .same = true, .f = 3}, 0},
+    {OP_DW, "dw 1x1 s1", {.n = 3, .h = 3, .w = 5, .c = 7, .kh = 1, .kw = 1, .stride = 1, .same = false, .f = 7}, 0},
+    {OP_DW, "dw 3x3 s1 SAME c=133", {.n = 1, .h = 3, .w = 3, .c = 133, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 133}, 0},
+    {OP_MAXPOOL, "maxpool 2x2 s2 odd", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 2, .kw = 2, .stride = 2, .f = 5}, 0},
+    {OP_MAXPOOL, "maxpool 3x3 s2 overlap", {.n = 3, .h = 7, .w = 7, .c = 3, .kh = 3, .kw = 3, .stride = 2, .f = 3}, 0},
+    {OP_MAXPOOL, "maxpool 3x3 s1 same ignored", {.n = 1, .h = 5, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 3}, 0},
+    {OP_GAP, "gap", {.n = 3, .h = 5, .w = 3, .c = 7}, 0},
+    {OP_GAP, "gap c=131", {.n = 1, .h = 2, .w = 3, .c = 131}, 0},
+    {OP_RELU, "relu", {0}, 37},
+};
+#define NCASES (sizeof CASES / sizeof CASES[0])
+
+/* fp32 forward vs the definition, backward vs finite differences */
+static void check_gradients(const tcase *t) {
+  layer L;
+  layer_init(&L, t, GS_F32);
+  double *out = calloc(L.ny + 1, 8), *din = calloc(L.nx + 1, 8), *dw = calloc(L.nw + 1, 8),
+         *db = calloc(L.nb + 1, 8), *fd = calloc(L.nx + L.nw + L.nb + 1, 8);
+  run_backend(&L, GS_F32, out, din, dw, db);
+  ref_forward(&L);
+  for (size_t i = 0; i < L.ny; i++)
+    expect_close(t->name, "out", i, out[i], L.y[i], 1e-5, 1e-5);
+  fd_grad(&L, L.x, L.nx, fd);
+  for (size_t i = 0; i < L.nx; i++)
+    expect_close(t->name, "din", i, din[i], fd[i], 1e-5, 1e-5);
+  fd_grad(&L, L.w, L.nw, fd);
+  for (size_t i = 0; i < L.nw; i++)
+    expect_close(t->name, "dw", i, dw[i], fd[i], 1e-5, 1e-5);
+  fd_grad(&L, L.b, L.nb, fd);
+  for (size_t i = 0; i < L.nb; i++)
+    expect_close(t->name, "db", i, db[i], fd[i], 1e-5, 1e-5);
+  free(out), free(din), free(dw), free(db), free(fd);
+  layer_free(&L);
+}
+
+TestSuite(kernels, .init = setup_ex, .fini = teardown_ex);
+
+Test(kernels, fp32_forward_and_gradients) {
+  for (size_t i = 0; i < NCASES; i++)
+    check_gradients(&CASES[i]);
+}
+
+/* 16-bit storage vs the fp32 op on the same rounded inputs: the math is
+ * fp32 in both, so they differ by the final rounding of each result. */
+static void check_low_precision(const tcase *t, gs_dtype dt) {
+  layer L;
+  layer_init(&L, t, dt);
+  double *o16 = calloc(L.ny + 1, 8), *x16 = calloc(L.nx + 1, 8), *w16 = calloc(L.nw + 1, 8),
+         *b16 = calloc(L.nb + 1, 8);
+  double *o32 = calloc(L.ny + 1, 8), *x32 = calloc(L.nx + 1, 8), *w32 = calloc(L.nw + 1, 8),
+         *b32 = calloc(L.nb + 1, 8);
+  run_backend(&L, dt, o16, x16, w16, b16);
+  run_backend(&L, GS_F32, o32, x32, w32, b32);
+  double e = eps_dt(dt), ae = 1e-6;
+  char what[96];
+  snprintf(what, sizeof what, "%s (%s)", t->name, gs_dtype_name(dt));
+  for (size_t i = 0; i < L.ny; i++)
+    expect_close(what, "out", i, o16[i], o32[i], ae, e);
+  /* overlapping pool windows add in 16 bits, one rounding per window */
+  double de = t->op == OP_MAXPOOL ? 4 * e : e;
+  for (size_t i = 0; i < L.nx; i++)
+    expect_close(what, "din", i, x16[i], x32[i], ae, de);
+  for (size_t i = 0; i < L.nw; i++)
+    expect_close(what, "dw", i, w16[i], w32[i], 1e-5, 1e-5);
+  for (size_t i = 0; i < L.nb; i++)
+    expect_close(what, "db", i, b16[i], b32[i], 1e-5, 1e-5);
+  free(o16), free(x16), free(w16), free(b16), free(o32), free(x32), free(w32), free(b32);
+  layer_free(&L);
+}
+
+Test(kernels, fp16_matches_fp32) {
+  for (size_t i = 0; i < NCASES; i++)
+    check_low_precision(&CASES[i], GS_F16);
+}
+
+Test(kernels, bf16_matches_fp32) {
+  for (size_t i = 0; i < NCASES; i++)
+    check_low_precision(&CASES[i], GS_BF16);
+}
+
+Test(kernels, workspace_sizes) {
+  gs_conv_shape pw = {.n = 4, .h = 5, .w = 5, .c = 8, .kh = 1, .kw = 1, .stride = 1, .f = 16};
+  gs_conv_shape_init(&pw);
+  cr_expect_eq(B->dense_workspace(GS_F32, 128, 784, 256), 0, "fp32 dense runs in place");
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &pw), 0, "fp32 1x1 conv is a plain GEMM");
+  cr_expect_eq(B->depthwise_workspace(GS_F32, &pw), 0);
+  cr_expect_eq(B->dense_workspace(GS_F16, 3, 7, 5), 4 * (3 * 7 + 7 * 5 + 3 * 5));
+  gs_conv_shape c3 = {.n = 2, .h = 6, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 4};
+  gs_conv_shape_init(&c3);
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3), 4 * 2 * 36 * 27, "im2col of the batch");
+  cr_expect_eq(B->conv2d_workspace(GS_BF16, &c3), 4 * (2 * 36 * 27 + 27 * 4 + 2 * 36 * 4));
+  cr_expect_eq(B->depthwise_workspace(GS_F16, &c3), 4 * (9 * 3 + 3));
+  /* a large batch is taken in chunks, so the workspace stays bounded */
+  gs_conv_shape big = {.n = 4096, .h = 32, .w = 32, .c = 32, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 32};
+  gs_conv_shape_init(&big);
+  cr_expect_leq(B->conv2d_workspace(GS_F32, &big), (size_t)16 << 20);
+}
+
+/* A batch large enough to be split over chunks and threads gives the same
+ * result as one image at a time. */
+Test(kernels, conv_chunks_and_threads_agree) {
+  gs_conv_shape s = {.n = 9, .h = 33, .w = 31, .c = 32, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 8};
+  gs_conv_shape_init(&s);
+  gs_conv_shape one = s;
+  one.n = 1;
+  size_t nin = (size_t)s.n * s.h * s.w * s.c, nw = 9 * 32 * 8, img_out = (size_t)s.oh * s.ow * s.f;
+  float *in = malloc(nin * 4), *w = malloc(nw * 4), *out = malloc(s.n * img_out * 4),
+        *out1 = malloc(img_out * 4);
+  for (size_t i = 0; i < nin; i++)
+    in[i] = (float)urand();
+  for (size_t i = 0; i < nw; i++)
+    w[i] = (float)urand();
+  void *ws = ws_alloc(B->conv2d_workspace(GS_F32, &s)), *ws1 = ws_alloc(B->conv2d_workspace(GS_F32, &one));
+  cr_assert_lt(B->conv2d_workspace(GS_F32, &s), (size_t)s.n * s.oh * s.ow * 9 * 32 * 4,
+               "this batch should need more than one chunk");
+  cr_assert_eq(B->conv2d_forward(EX, GS_F32, out, in, w, NULL, &s, ws), 0);
+  for (uint32_t n = 0; n < s.n; n++) {
+    cr_assert_eq(B->conv2d_forward(EX, GS_F32, out1, in + n * (size_t)s.h * s.w * s.c, w, NULL, &one, ws1), 0);
+    for (size_t i = 0; i < img_out; i++)
+      expect_close("chunked conv", "out", n * img_out + i, out[n * img_out + i], out1[i], 1e-5, 1e-5);
+  }
+  free(ws), free(ws1), free(in), free(w), free(out), free(out1);
+}
+
+Test(kernels, dense_threads_agree) {
+  uint32_t n = 128, c = 784, oc = 256;
+  float *in = malloc((size_t)n * c * 4), *w = malloc((size_t)c * oc * 4), *b = malloc(oc * 4);
+  float *o1 = malloc((size_t)n * oc * 4), *o2 = malloc((size_t)n * oc * 4);
+  for (size_t i = 0; i < (size_t)n * c; i++)
+    in[i] = (float)urand();
+  for (size_t i = 0; i < (size_t)c * oc; i++)
+    w[i] = (float)urand() * 0.05f;
+  for (size_t i = 0; i < oc; i++)
+    b[i] = (float)urand();
+  gs_exec *one;
+  gs_exec_config cfg = {.threads = 1};
+  cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
+  cr_assert_eq(B->dense_forward(one, GS_F32, o1, in, w, b, n, c, oc, NULL), 0);
+  cr_assert_eq(B->dense_forward(EX, GS_F32, o2, in, w, b, n, c, oc, NULL), 0);
+  for (size_t i = 0; i < (size_t)n * oc; i++)
+    expect_close("dense 1 vs 2 threads", "out", i, o2[i], o1[i], 1e-5, 1e-5);
+  B->exec_destroy(one);
+  free(in), free(w), free(b), free(o1), free(o2);
+}
+
+/* ---- cross-entropy ---- */
+
+static void xent_ref(const float *x, int32_t lab, uint32_t k, double *loss, double *p) {
+  double mx = x[0];
+  for (uint32_t j = 1; j < k; j++)
+    mx = fmax(mx, x[j]);
+  double s = 0;
+  for (uint32_t j = 0; j < k; j++)
+    s += exp((double)x[j] - mx);
+  *loss = log(s) - ((double)x[lab] - mx);
+  for (uint32_t j = 0; j < k; j++)
+    p[j] = exp((double)x[j] - mx) / s;
+}
+
+Test(kernels, xent_against_double) {
+  enum { N = 5, K = 7 };
+  float x[N * K], d[N * K], loss[N];
+  int32_t lab[N] = {0, 6, 3, 2, 5}, pred[N];
+  for (int i = 0; i < N * K; i++)
+    x[i] = (float)(urand() * 4);
+  /* huge logits: a naive exp overflows; a stable one stays exact */
+  float huge[K] = {1000.0f, -1000.0f, 500.0f, 999.0f, 0.0f, -50.0f, 998.5f};
+  memcpy(x + 4 * K, huge, sizeof huge);
+  x[2 * K + 1] = x[2 * K + 4] = 30.0f; /* a tie: the first one is the prediction */
+  float scale = 8.0f, norm = 4.0f;
+  cr_assert_eq(B->xent_forward_backward(EX, loss, pred, d, x, lab, N, K, &scale, norm), 0);
+  for (int i = 0; i < N; i++) {
+    double l, p[K];
+    xent_ref(x + i * K, lab[i], K, &l, p);
+    cr_expect(isfinite(loss[i]), "row %d loss %g", i, loss[i]);
+    expect_close("xent", "loss", (size_t)i, loss[i], l, 1e-5, 1e-5);
+    int arg = 0;
+    for (int j = 1; j < K; j++)
+      if (x[i * K + j] > x[i * K + arg])
+        arg = j;
+    cr_expect_eq(pred[i], arg, "row %d", i);
+    for (int j = 0; j < K; j++) {
+      double want = (p[j] - (j == lab[i])) * scale / norm;
+      expect_close("xent", "dlogits", (size_t)(i * K + j), d[i * K + j], want, 1e-6, 1e-5);
+    }
+  }
+  cr_expect_eq(pred[2], 1, "first of the tied maxima");
+  cr_expect_eq(pred[4], 0);
+  /* label 5 of the huge row: 1000 + log(1 + e^-1 + e^-1.5 + ...) + 50 */
+  double l4, p4[K];
+  xent_ref(huge, 5, K, &l4, p4);
+  cr_expect(fabs(l4 - 1050.4643687841080) < 1e-6, "reference itself: %.12f", l4);
+  /* without dlogits and pred */
+  float loss2[N];
+  cr_assert_eq(B->xent_forward_backward(EX, loss2, NULL, NULL, x, lab, N, K, NULL, 1.0f), 0);
+  for (int i = 0; i < N; i++)
+    cr_expect_eq(loss2[i], loss[i]);
+  int32_t bad[N] = {0, 7, 0, 0, 0};
+  cr_expect_eq(B->xent_forward_backward(EX, loss2, NULL, NULL, x, bad, N, K, NULL, 1.0f), -EINVAL);
+}
+
+/* dlogits with scale 1, norm 1 is the gradient of the summed loss */
+Test(kernels, xent_gradient_is_finite_difference) {
+  enum { N = 3, K = 5 };
+  float x[N * K], d[N * K], loss[N];
+  int32_t lab[N] = {4, 0, 2};
+  for (int i = 0; i < N * K; i++)
+    x[i] = (float)(urand() * 3);
+  float one = 1.0f;
+  cr_assert_eq(B->xent_forward_backward(EX, loss, NULL, d, x, lab, N, K, &one, 1.0f), 0);
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < K; j++) {
+      double xd[K], lp, lm, p[K];
+      float xf[K];
+      for (int q = 0; q < K; q++)
+        xd[q] = x[i * K + q];
+      const double h = 1e-3;
+      xd[j] += h;
+      for (int q = 0; q < K; q++)
+        xf[q] = (float)xd[q];
+      xent_ref(xf, lab[i], K, &lp, p);
+      xd[j] -= 2 * h;
+      for (int q = 0; q < K; q++)
+        xf[q] = (float)xd[q];
+      xent_ref(xf, lab[i], K, &lm, p);
+      expect_close("xent fd", "dlogits", (size_t)(i * K + j), d[i * K + j], (lp - lm) / (2 * h), 1e-4, 1e-3);
+    }
+}
+
+/* ---- casts ---- */
+
+Test(kernels, casts_are_bit_exact) {
+  enum { N = 1031 }; /* odd: the vector loops' tails run too */
+  float f[N], back[N];
+  uint16_t h[N], h2[N];
+  for (int i = 0; i < N; i++) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = (uint32_t)(rng_state >> 32);
+    if (i % 4 == 1) /* many near the fp16 range, subnormals included */
+      bits = (bits & 0x87ffffffu) | 0x30000000u;
+    memcpy(&f[i], &bits, 4);
+  }
+  f[0] = NAN, f[1] = INFINITY, f[2] = -0.0f, f[3] = 65520.0f, f[5] = 0x1p-25f;
+  cr_assert_eq(B->cast(EX, h, GS_F16, f, GS_F32, N), 0);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(h[i], gs_f32_to_f16(f[i]), "f32->f16 [%d] %a", i, f[i]);
+  cr_assert_eq(B->cast(EX, back, GS_F32, h, GS_F16, N), 0);
+  for (int i = 0; i < N; i++) {
+    float want = gs_f16_to_f32(h[i]);
+    cr_assert(memcmp(&back[i], &want, 4) == 0, "f16->f32 [%d]", i);
+  }
+  cr_assert_eq(B->cast(EX, h, GS_BF16, f, GS_F32, N), 0);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(h[i], gs_f32_to_bf16(f[i]), "f32->bf16 [%d] %a", i, f[i]);
+  cr_assert_eq(B->cast(EX, back, GS_F32, h, GS_BF16, N), 0);
+  for (int i = 0; i < N; i++) {
+    float want = gs_bf16_to_f32(h[i]);
+    cr_assert(memcmp(&back[i], &want, 4) == 0, "bf16->f32 [%d]", i);
+  }
+  cr_assert_eq(B->cast(EX, h2, GS_F16, h, GS_BF16, N), 0);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(h2[i], gs_f32_to_f16(gs_bf16_to_f32(h[i])), "bf16->f16 [%d]", i);
+  cr_assert_eq(B->cast(EX, back, GS_F32, f, GS_F32, N), 0);
+  cr_assert(memcmp(back, f, sizeof f) == 0);
+}
+
+/* ---- mixed precision bookkeeping ---- */
+
+Test(kernels, unscale_check) {
+  float g[5] = {2, 4, -8, 1, 0.5f}, scale = 2.0f;
+  int32_t found = 0;
+  cr_assert_eq(B->unscale_check(EX, g, 5, &scale, &found), 0);
+  float want[5] = {1, 2, -4, 0.5f, 0.25f};
+  for (int i = 0; i < 5; i++)
+    cr_expect_eq(g[i], want[i]);
+  cr_expect_eq(found, 0);
+  g[3] = INFINITY;
+  cr_assert_eq(B->unscale_check(EX, g, 5, &scale, &found), 0);
+  cr_expect_eq(found, 1, "inf");
+  found = 0;
+  g[3] = NAN;
+  cr_assert_eq(B->unscale_check(EX, g, 5, &scale, &found), 0);
+  cr_expect_eq(found, 1, "NaN");
+  g[3] = 1.0f;
+  cr_assert_eq(B->unscale_check(EX, g, 5, &scale, &found), 0);
+  cr_expect_eq(found, 1, "never cleared by unscale_check");
+  /* a large array, split over threads, with one bad element at the end */
+  size_t n = 1 << 20;
+  float *big = malloc(n * 4);
+  for (size_t i = 0; i < n; i++)
+    big[i] = 3.0f;
+  big[n - 1] = -INFINITY;
+  found = 0;
+  scale = 4.0f;
+  cr_assert_eq(B->unscale_check(EX, big, n, &scale, &found), 0);
+  cr_expect_eq(found, 1);
+  cr_expect_eq(big[12345], 0.75f);
+  free(big);
+}
+
+Test(kernels, loss_scale_update) {
+  float scale = 1024.0f;
+  int32_t good = 7, found = 1;
+  int64_t skipped = 3;
+  cr_assert_eq(B->loss_scale_update(EX, &scale, &good, &found, &skipped, 2000), 0);
+  cr_expect_eq(scale, 512.0f, "halved on overflow");
+  cr_expect_eq(good, 0);
+  cr_expect_eq(skipped, 4);
+  cr_expect_eq(found, 0, "found_inf cleared");
+  scale = 1.5f, found = 1;
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 2000);
+  cr_expect_eq(scale, 1.0f, "not below 1");
+  found = 1;
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 2000);
+  cr_expect_eq(scale, 1.0f);
+  cr_expect_eq(skipped, 6);
+  scale = 32768.0f, good = 1998;
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 2000);
+  cr_expect_eq(good, 1999);
+  cr_expect_eq(scale, 32768.0f);
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 2000);
+  cr_expect_eq(scale, 65536.0f, "doubled after growth_interval finite steps");
+  cr_expect_eq(good, 0);
+  cr_expect_eq(skipped, 6);
+}
+
+/* ---- optimizers ---- */
+
+Test(kernels, sgd_hand_computed) {
+  /* g' = 0.5 + 0.01*1 = 0.51; m = 0.9*0.2 + 0.51 = 0.69 */
+  float w = 1.0f, g = 0.5f, m = 0.2f;
+  cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, NULL), 0);
+  cr_expect(fabsf(w - 0.931f) < 1e-6f, "momentum: %.9g", w);
+  cr_expect(fabsf(m - 0.69f) < 1e-6f, "m: %.9g", m);
+  w = 1.0f, m = 0.2f;
+  cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, true, 0.01f, NULL), 0);
+  cr_expect(fabsf(w - 0.8869f) < 1e-6f, "nesterov: %.9g", w); /* 1 - 0.1*(0.51 + 0.9*0.69) */
+  w = 1.0f;
+  cr_assert_eq(B->sgd_step(EX, &w, &g, NULL, 1, 0.1f, 0.0f, false, 0.01f, NULL), 0);
+  cr_expect(fabsf(w - 0.949f) < 1e-6f, "plain: %.9g", w);
+  int32_t skip = 1;
+  w = 1.0f, m = 0.2f;
+  cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, &skip), 0);
+  cr_expect(w == 1.0f && m == 0.2f, "skip leaves weights and momentum");
+  skip = 0;
+  cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, &skip), 0);
+  cr_expect(fabsf(w - 0.931f) < 1e-6f);
+}
+
+Test(kernels, adam_hand_computed) {
+  /* t = 3, b1 0.9, b2 0.999, lr 0.01, wd 0.1, eps 1e-8; w 1.5, g -0.2,
+   * m 0.1, v 0.01. Adam: g' = -0.05, m = 0.085, v = 0.0099925,
+   * w = 1.49828226566. AdamW: m = 0.07, v = 0.01003, w = 1.49708804218. */
+  float w = 1.5f, g = -0.2f, m = 0.1f, v = 0.01f;
+  cr_assert_eq(B->adam_step(EX, &w, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, false, 3, NULL), 0);
+  cr_expect(fabsf(m - 0.085f) < 1e-7f, "m %.9g", m);
+  cr_expect(fabsf(v - 0.0099925f) < 1e-8f, "v %.9g", v);
+  cr_expect(fabs(w - 1.4982822656599715) < 2e-6, "adam w %.9g", w);
+  w = 1.5f, m = 0.1f, v = 0.01f;
+  cr_assert_eq(B->adam_step(EX, &w, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 3, NULL), 0);
+  cr_expect(fabsf(m - 0.07f) < 1e-7f, "m %.9g", m);
+  cr_expect(fabsf(v - 0.01003f) < 1e-8f, "v %.9g", v);
+  cr_expect(fabs(w - 1.4970880421763182) < 2e-6, "adamw w %.9g", w);
+  /* first step: the bias correction makes the update lr * sign(g) */
+  float w1[3] = {0, 0, 0}, g1[3] = {0.3f, -2.0f, 1e-3f}, m1[3] = {0}, v1[3] = {0};
+  cr_assert_eq(B->adam_step(EX, w1, g1, m1, v1, 3, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, false, 1, NULL), 0);
+  cr_expect(fabsf(w1[0] + 0.1f) < 1e-5f && fabsf(w1[1] - 0.1f) < 1e-5f && fabsf(w1[2] + 0.1f) < 1e-4f,
+            "%g %g %g", w1[0], w1[1], w1[2]);
+  int32_t skip = 1;
+  float ws = 2.0f, ms = 0.5f, vs = 0.25f;
+  cr_assert_eq(B->adam_step(EX, &ws, &g, &ms, &vs, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 5, &skip), 0);
+  cr_expect(ws == 2.0f && ms == 0.5f && vs == 0.25f, "skip leaves everything");
+}
+
+/* ---- device, memory, execs ---- */
+
+Test(kernels, memory_and_execs) {
+  uint64_t total = 0, avail = 0;
+  cr_assert_eq(B->device_memory(B, 0, &total, &avail), 0);
+  cr_expect_gt(total, 0);
+  cr_expect_leq(avail, total);
+  void *r = NULL;
+  cr_assert_eq(B->region_reserve(B, 0, 1 << 20, &r), 0);
+  memset(r, 0xab, 1 << 20);
+  cr_expect_eq(((unsigned char *)r)[(1 << 20) - 1], 0xab);
+  B->region_release(B, 0, r, 1 << 20);
+  cr_expect_eq(B->region_reserve(B, 0, (size_t)1 << 60, &r), -ENOMEM);
+  cr_expect_eq(B->region_reserve(B, 0, 0, &r), -EINVAL);
+  gs_exec *ex;
+  gs_exec_config bad = {.threads = 0};
+  cr_expect_eq(B->exec_create(B, &bad, &ex), -EINVAL);
+  gs_exec_config many = {.threads = 64};
+  cr_assert_eq(B->exec_create(B, &many, &ex), 0, "more threads than cores is clamped");
+  float a[4] = {1, 2, 3, 4}, c[4];
+  cr_expect_eq(B->copy_in(ex, c, a, sizeof a), 0);
+  cr_expect_eq(B->synchronize(ex), 0);
+  cr_expect(memcmp(a, c, sizeof a) == 0);
+  cr_expect_eq(B->zero(ex, c, sizeof c), 0);
+  cr_expect_eq(c[3], 0.0f);
+  B->exec_destroy(ex);
+  cr_expect_str_eq(B->name, "cpu");
+}
