@@ -1,0 +1,447 @@
+/* test_client.c: libgpushare against a scripted gpushared.
+ *
+ * A thread plays the daemon on a temporary socket: it reads real frames and
+ * answers each call from a small script (echoing or deliberately breaking
+ * the request id, refusing with a code, reassembling uploads, serving a file
+ * in chunks, streaming watch events). The client library and the gpuctl
+ * binary are driven against it, so the framing, the id checks, the chunking
+ * and gpuctl's exit codes are tested without the real daemon. SHA-256 is
+ * checked against the FIPS 180-4 example vectors. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gs_client.h"
+#include "gs_sha256.h"
+#include "wire.h"
+
+static void hex_of(const char *s, size_t n, char hex[65]) {
+  gs_sha256 h;
+  uint8_t d[32];
+  gs_sha256_init(&h);
+  gs_sha256_update(&h, s, n);
+  gs_sha256_final(&h, d);
+  gs_sha256_hex(d, hex);
+}
+
+Test(sha256, fips_vectors) {
+  char hex[65];
+  hex_of("", 0, hex);
+  cr_assert_str_eq(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  hex_of("abc", 3, hex);
+  cr_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  hex_of(m, strlen(m), hex);
+  cr_assert_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+Test(sha256, million_a_in_odd_pieces) {
+  char *a = malloc(1000000);
+  memset(a, 'a', 1000000);
+  gs_sha256 h;
+  gs_sha256_init(&h);
+  size_t off = 0, step = 1;
+  while (off < 1000000) { /* pieces of 1, 2, 3, ... bytes cross block edges */
+    size_t n = step < 1000000 - off ? step : 1000000 - off;
+    gs_sha256_update(&h, a + off, n);
+    off += n;
+    step = step % 131 + 1;
+  }
+  uint8_t d[32];
+  char hex[65];
+  gs_sha256_final(&h, d);
+  gs_sha256_hex(d, hex);
+  cr_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  free(a);
+}
+
+/* ---------------------------------------------------------- fake daemon --- */
+
+enum mode { ECHO, WRONG_ID, REFUSE };
+
+static struct {
+  char path[108];
+  int lfd;
+  pthread_t th;
+  enum mode mode;
+  /* upload reassembly */
+  uint8_t *up;
+  size_t up_len;
+  int chunks;
+  char up_name[64];
+  char up_sha[65];
+  /* what fetch serves */
+  uint8_t *blob;
+  size_t blob_len;
+} fake;
+
+static void send_resp(int fd, Gpushare__V1__Response *r) {
+  uint8_t *buf;
+  size_t len;
+  cr_assert_eq(gs_wire_frame(&r->base, &buf, &len), 0);
+  gs_wire_write_all(fd, buf, len);
+  free(buf);
+}
+
+static void serve_one(int fd, const Gpushare__V1__Request *q) {
+  Gpushare__V1__Response r = GPUSHARE__V1__RESPONSE__INIT;
+  r.has_id = 1;
+  r.id = fake.mode == WRONG_ID ? q->id + 100 : q->id;
+  if (fake.mode == REFUSE) {
+    r.has_code = 1;
+    r.code = GPUSHARE__V1__CODE__NOT_FOUND;
+    r.message = "no vdev named \"nope\"";
+    r.field = "vdev";
+    send_resp(fd, &r);
+    return;
+  }
+  switch (q->call_case) {
+    case GPUSHARE__V1__REQUEST__CALL_VERSION: {
+      Gpushare__V1__VersionResponse v = GPUSHARE__V1__VERSION_RESPONSE__INIT;
+      v.version = "0.1.0-test";
+      v.has_uid = 1;
+      v.uid = 1234;
+      v.tenant = "alice \"quoted\"";
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_VERSION;
+      r.version = &v;
+      send_resp(fd, &r);
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET: {
+      const Gpushare__V1__UploadDatasetRequest *u = q->upload_dataset;
+      Gpushare__V1__UploadDatasetResponse ur = GPUSHARE__V1__UPLOAD_DATASET_RESPONSE__INIT;
+      Gpushare__V1__DatasetInfo di = GPUSHARE__V1__DATASET_INFO__INIT;
+      if (fake.chunks == 0) {
+        snprintf(fake.up_name, sizeof fake.up_name, "%s", u->name ? u->name : "");
+        fake.up = malloc(u->total_bytes + 1);
+      } else {
+        cr_assert_eq(u->upload_id, 77, "later chunks carry the daemon's upload id");
+      }
+      cr_assert_leq(u->data.len, GS_CLIENT_CHUNK);
+      memcpy(fake.up + fake.up_len, u->data.data, u->data.len);
+      fake.up_len += u->data.len;
+      fake.chunks++;
+      ur.has_upload_id = 1;
+      ur.upload_id = 77;
+      ur.has_received_bytes = 1;
+      ur.received_bytes = fake.up_len;
+      if (u->commit) {
+        snprintf(fake.up_sha, sizeof fake.up_sha, "%s", u->sha256 ? u->sha256 : "");
+        di.name = fake.up_name;
+        di.sha256 = fake.up_sha;
+        di.has_bytes = 1;
+        di.bytes = fake.up_len;
+        ur.dataset = &di;
+      }
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_UPLOAD_DATASET;
+      r.upload_dataset = &ur;
+      send_resp(fd, &r);
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_FETCH: {
+      Gpushare__V1__FetchResponse fr = GPUSHARE__V1__FETCH_RESPONSE__INIT;
+      uint64_t off = q->fetch->offset;
+      size_t n = fake.blob_len - off < GS_CLIENT_CHUNK ? fake.blob_len - off : GS_CLIENT_CHUNK;
+      fr.has_data = 1;
+      fr.data.data = fake.blob + off;
+      fr.data.len = n;
+      fr.has_offset = 1;
+      fr.offset = off;
+      fr.has_total_bytes = 1;
+      fr.total_bytes = fake.blob_len;
+      fr.has_last = 1;
+      fr.last = off + n == fake.blob_len;
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_FETCH;
+      r.fetch = &fr;
+      send_resp(fd, &r);
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_WATCH: {
+      /* three events: running, an epoch end, then FAILED and final */
+      for (int i = 0; i < 3; i++) {
+        Gpushare__V1__WatchResponse w = GPUSHARE__V1__WATCH_RESPONSE__INIT;
+        Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
+        Gpushare__V1__EpochMetrics em = GPUSHARE__V1__EPOCH_METRICS__INIT;
+        ev.has_job_id = 1;
+        ev.job_id = q->watch->id;
+        ev.has_state = 1;
+        ev.state = i < 2 ? GPUSHARE__V1__JOB_STATE__RUNNING : GPUSHARE__V1__JOB_STATE__FAILED;
+        ev.has_step = 1;
+        ev.step = (uint64_t)(i + 1) * 10;
+        ev.has_total_steps = 1;
+        ev.total_steps = 30;
+        if (i == 1) ev.epoch_end = &em;
+        if (i == 2) ev.message = "out of memory in dense_1";
+        w.event = &ev;
+        w.has_final = 1;
+        w.final = i == 2;
+        r.result_case = GPUSHARE__V1__RESPONSE__RESULT_WATCH;
+        r.watch = &w;
+        send_resp(fd, &r);
+      }
+      return;
+    }
+    default:
+      r.has_code = 1;
+      r.code = GPUSHARE__V1__CODE__INTERNAL;
+      r.message = "the scripted daemon does not know this call";
+      send_resp(fd, &r);
+  }
+}
+
+static void *fake_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    int fd = accept(fake.lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    uint8_t *body;
+    size_t len;
+    while (gs_wire_read_frame(fd, GS_WIRE_MAX_FRAME, &body, &len) == 0) {
+      gs_err e = {0};
+      Gpushare__V1__Request *q = gs_wire_unpack_request(body, len, &e);
+      free(body);
+      if (!q) break;
+      serve_one(fd, q);
+      gpushare__v1__request__free_unpacked(q, NULL);
+    }
+    close(fd);
+  }
+}
+
+static void fake_start(void) {
+  memset(&fake, 0, sizeof fake);
+  snprintf(fake.path, sizeof fake.path, "/tmp/gs-test-client-%d.sock", (int)getpid());
+  unlink(fake.path);
+  fake.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  strcpy(sa.sun_path, fake.path);
+  cr_assert_eq(bind(fake.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(listen(fake.lfd, 4), 0);
+  pthread_create(&fake.th, NULL, fake_main, NULL);
+}
+
+static void fake_stop(void) {
+  shutdown(fake.lfd, SHUT_RDWR);
+  close(fake.lfd);
+  pthread_join(fake.th, NULL);
+  unlink(fake.path);
+  free(fake.up);
+  free(fake.blob);
+}
+
+TestSuite(client, .init = fake_start, .fini = fake_stop);
+TestSuite(gpuctl, .init = fake_start, .fini = fake_stop);
+
+Test(client, connect_to_missing_socket_names_it) {
+  gs_client *c = NULL;
+  gs_err e = {0};
+  int rc = gs_client_connect("/tmp/gs-no-such-daemon.sock", &c, &e);
+  cr_assert_eq(rc, -ENOENT);
+  cr_assert_str_eq(e.msg, "cannot connect to /tmp/gs-no-such-daemon.sock: No such file or directory");
+}
+
+Test(client, call_assigns_ids_and_checks_echo) {
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  for (uint64_t want = 1; want <= 3; want++) {
+    Gpushare__V1__Request req = GPUSHARE__V1__REQUEST__INIT;
+    Gpushare__V1__VersionRequest v = GPUSHARE__V1__VERSION_REQUEST__INIT;
+    req.call_case = GPUSHARE__V1__REQUEST__CALL_VERSION;
+    req.version = &v;
+    Gpushare__V1__Response *r;
+    cr_assert_eq(gs_client_call(c, &req, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(req.id, want);
+    cr_assert_eq(r->id, want);
+    cr_assert_str_eq(r->version->version, "0.1.0-test");
+    cr_assert_eq(r->version->uid, 1234);
+    gs_client_free_response(r);
+  }
+  fake.mode = WRONG_ID;
+  Gpushare__V1__Request req = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__VersionRequest v = GPUSHARE__V1__VERSION_REQUEST__INIT;
+  req.call_case = GPUSHARE__V1__REQUEST__CALL_VERSION;
+  req.version = &v;
+  Gpushare__V1__Response *r;
+  cr_assert_eq(gs_client_call(c, &req, &r, &e), -EPROTO);
+  cr_assert_null(r);
+  cr_assert(strstr(e.msg, "answered request 4 with id 104"), "%s", e.msg);
+  gs_client_close(c);
+}
+
+Test(client, refusal_carries_code_message_field) {
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  fake.mode = REFUSE;
+  Gpushare__V1__Request req = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__DeleteVdevRequest d = GPUSHARE__V1__DELETE_VDEV_REQUEST__INIT;
+  d.name = "nope";
+  req.call_case = GPUSHARE__V1__REQUEST__CALL_DELETE_VDEV;
+  req.delete_vdev = &d;
+  Gpushare__V1__Response *r;
+  cr_assert_eq(gs_client_call(c, &req, &r, &e), GS_CLIENT_REFUSED);
+  cr_assert_not_null(r);
+  cr_assert_eq(e.code, GS_NOT_FOUND);
+  cr_assert_str_eq(e.field, "vdev");
+  cr_assert_str_eq(e.msg, "no vdev named \"nope\"");
+  gs_client_free_response(r);
+  gs_client_close(c);
+}
+
+static void write_file(const char *path, const uint8_t *p, size_t n) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite(p, 1, n, f), n);
+  fclose(f);
+}
+
+Test(client, upload_in_chunks_with_sha256) {
+  size_t n = 2 * GS_CLIENT_CHUNK + 12345;
+  uint8_t *data = malloc(n);
+  for (size_t i = 0; i < n; i++) data[i] = (uint8_t)(i * 131 + (i >> 9));
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/gs-test-upload-%d.bin", (int)getpid());
+  write_file(path, data, n);
+  char want[65];
+  hex_of((const char *)data, n, want);
+
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  char got[65];
+  Gpushare__V1__DatasetInfo *info;
+  cr_assert_eq(gs_client_upload_file(c, "fmnist-train", path, got, &info, &e), 0, "%s", e.msg);
+  cr_assert_eq(fake.chunks, 3);
+  cr_assert_eq(fake.up_len, n);
+  cr_assert_eq(memcmp(fake.up, data, n), 0);
+  cr_assert_str_eq(fake.up_name, "fmnist-train");
+  cr_assert_str_eq(fake.up_sha, want);
+  cr_assert_str_eq(got, want);
+  cr_assert_not_null(info);
+  cr_assert_eq(info->bytes, n);
+  gpushare__v1__dataset_info__free_unpacked(info, NULL);
+  char h2[65];
+  uint64_t bytes;
+  cr_assert_eq(gs_client_sha256_file(path, h2, &bytes, &e), 0);
+  cr_assert_str_eq(h2, want);
+  cr_assert_eq(bytes, n);
+  gs_client_close(c);
+  unlink(path);
+  free(data);
+}
+
+Test(client, upload_of_empty_file_is_one_committing_chunk) {
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/gs-test-empty-%d.bin", (int)getpid());
+  write_file(path, (const uint8_t *)"", 0);
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  char got[65];
+  cr_assert_eq(gs_client_upload_file(c, "empty", path, got, NULL, &e), 0, "%s", e.msg);
+  cr_assert_eq(fake.chunks, 1);
+  cr_assert_str_eq(got, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  gs_client_close(c);
+  unlink(path);
+}
+
+Test(client, fetch_by_offset) {
+  fake.blob_len = GS_CLIENT_CHUNK + 999;
+  fake.blob = malloc(fake.blob_len);
+  for (size_t i = 0; i < fake.blob_len; i++) fake.blob[i] = (uint8_t)(i ^ (i >> 8));
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/gs-test-fetch-%d.bin", (int)getpid());
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  uint64_t total;
+  cr_assert_eq(gs_client_fetch(c, 5, 0, fd, &total, &e), 0, "%s", e.msg);
+  cr_assert_eq(total, fake.blob_len);
+  uint8_t *back = malloc(fake.blob_len);
+  cr_assert_eq(pread(fd, back, fake.blob_len, 0), (ssize_t)fake.blob_len);
+  cr_assert_eq(memcmp(back, fake.blob, fake.blob_len), 0);
+  free(back);
+  close(fd);
+  unlink(path);
+  gs_client_close(c);
+}
+
+Test(client, watch_stream_until_final) {
+  gs_client *c;
+  gs_err e = {0};
+  cr_assert_eq(gs_client_connect(fake.path, &c, &e), 0, "%s", e.msg);
+  Gpushare__V1__Request req = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__WatchRequest w = GPUSHARE__V1__WATCH_REQUEST__INIT;
+  w.has_id = 1;
+  w.id = 9;
+  req.call_case = GPUSHARE__V1__REQUEST__CALL_WATCH;
+  req.watch = &w;
+  uint64_t id;
+  cr_assert_eq(gs_client_send(c, &req, &id, &e), 0);
+  int n = 0, final = 0;
+  while (!final) {
+    Gpushare__V1__Response *r;
+    cr_assert_eq(gs_client_recv(c, id, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(r->watch->event->job_id, 9);
+    final = r->watch->final;
+    n++;
+    gs_client_free_response(r);
+  }
+  cr_assert_eq(n, 3);
+  gs_client_close(c);
+}
+
+/* Run gpuctl against the scripted daemon; returns its exit status and
+ * leaves its stdout in out. */
+static int run_gpuctl(const char *args, char *out, size_t n) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1", GPUCTL_PATH, fake.path, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(gpuctl, version_json_escapes_strings) {
+  char out[4096];
+  cr_assert_eq(run_gpuctl("--json version", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "\"version\":\"0.1.0-test\""), "%s", out);
+  cr_assert(strstr(out, "\"uid\":1234"), "%s", out);
+  cr_assert(strstr(out, "\"tenant\":\"alice \\\"quoted\\\"\""), "%s", out);
+}
+
+Test(gpuctl, refusal_exit_1_with_code_and_field) {
+  fake.mode = REFUSE;
+  char out[4096];
+  cr_assert_eq(run_gpuctl("vdev delete nope", out, sizeof out), 1, "%s", out);
+  cr_assert_str_eq(out, "gpuctl: NOT_FOUND: no vdev named \"nope\" (field: vdev)\n");
+}
+
+Test(gpuctl, watch_exit_code_follows_the_job) {
+  char out[8192];
+  cr_assert_eq(run_gpuctl("watch 9", out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "job 9 RUNNING  step 10/30"), "%s", out);
+  cr_assert(strstr(out, "gpuctl: job 9 FAILED: out of memory in dense_1"), "%s", out);
+  cr_assert_eq(run_gpuctl("--json watch 9", out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "\"final\":true"), "%s", out);
+  cr_assert(strstr(out, "\"state\":\"FAILED\""), "%s", out);
+}
+
+Test(gpuctl, usage_error_exits_2_without_connecting) {
+  char out[4096];
+  /* the scripted daemon would answer anything: a usage error must not get there */
+  cr_assert_eq(run_gpuctl("vdev create v --tenant t --memory 4XB", out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "--memory: size \"4XB\" has an unknown suffix"), "%s", out);
+  cr_assert_eq(run_gpuctl("status 12x", out, sizeof out), 2, "%s", out);
+}
