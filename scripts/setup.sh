@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# setup.sh [BUILD_DIR [CMAKE_ARGS...]]: everything a fresh Debian 12 machine
+# needs to build gpushare: the missing Debian packages (installed as root),
+# then configure and build. Safe to run again: it installs only what is
+# missing and rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+shift || true
+
+PKGS=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+      protobuf-compiler libsqlite3-dev sqlite3 libcriterion-dev libopenblas-dev zlib1g-dev
+      dataset-fashion-mnist systemd python3 util-linux procps)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$BUILD" "$@" >/dev/null
+cmake --build "$BUILD" -j"$(nproc)"
