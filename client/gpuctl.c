@@ -1053,7 +1053,8 @@ static void plan_human(cli *x, const Gpushare__V1__Response *r) {
 static int cmd_plan(cli *x, parsed *p) {
   Gpushare__V1__JobSpec *spec;
   if (read_spec(p->pos[0], &spec)) return EXIT_FAIL;
-  int rc = resolve_spec(x, spec, 0);
+  int rc = connect_daemon(x); /* before hashing: a stopped daemon is said at once */
+  if (!rc) rc = resolve_spec(x, spec, 0);
   if (!rc) {
     REQ(req, plan, PLAN, Gpushare__V1__PlanRequest, GPUSHARE__V1__PLAN_REQUEST__INIT);
     plan_msg.spec = spec;

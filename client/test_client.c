@@ -80,6 +80,8 @@ static struct {
   /* what fetch serves */
   uint8_t *blob;
   size_t blob_len;
+  /* what submit received */
+  char images[128], labels[128];
 } fake;
 
 static void send_resp(int fd, Gpushare__V1__Response *r) {
@@ -125,7 +127,7 @@ static void serve_one(int fd, const Gpushare__V1__Request *q) {
         cr_assert_eq(u->upload_id, 77, "later chunks carry the daemon's upload id");
       }
       cr_assert_leq(u->data.len, GS_CLIENT_CHUNK);
-      memcpy(fake.up + fake.up_len, u->data.data, u->data.len);
+      if (u->data.len) memcpy(fake.up + fake.up_len, u->data.data, u->data.len);
       fake.up_len += u->data.len;
       fake.chunks++;
       ur.has_upload_id = 1;
@@ -186,6 +188,21 @@ static void serve_one(int fd, const Gpushare__V1__Request *q) {
         r.watch = &w;
         send_resp(fd, &r);
       }
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_SUBMIT: {
+      const Gpushare__V1__JobSpec *sp = q->submit->spec;
+      snprintf(fake.images, sizeof fake.images, "%s", sp->train->idx->images);
+      snprintf(fake.labels, sizeof fake.labels, "%s", sp->train->idx->labels);
+      Gpushare__V1__SubmitResponse sr = GPUSHARE__V1__SUBMIT_RESPONSE__INIT;
+      Gpushare__V1__Job j = GPUSHARE__V1__JOB__INIT;
+      j.has_id = 1;
+      j.id = 42;
+      j.vdev = "small";
+      sr.job = &j;
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_SUBMIT;
+      r.submit = &sr;
+      send_resp(fd, &r);
       return;
     }
     default:
@@ -444,4 +461,41 @@ Test(gpuctl, usage_error_exits_2_without_connecting) {
   cr_assert_eq(run_gpuctl("vdev create v --tenant t --memory 4XB", out, sizeof out), 2, "%s", out);
   cr_assert(strstr(out, "--memory: size \"4XB\" has an unknown suffix"), "%s", out);
   cr_assert_eq(run_gpuctl("status 12x", out, sizeof out), 2, "%s", out);
+}
+
+Test(gpuctl, submit_uploads_local_idx_and_rewrites_to_sha256) {
+  char data_path[128], job_path[128];
+  snprintf(data_path, sizeof data_path, "/tmp/gs-test-images-%d.idx", (int)getpid());
+  snprintf(job_path, sizeof job_path, "/tmp/gs-test-job-%d.pb", (int)getpid());
+  const char *bytes = "not really idx, but bytes to upload";
+  write_file(data_path, (const uint8_t *)bytes, strlen(bytes));
+  char want[65];
+  hex_of(bytes, strlen(bytes), want);
+
+  Gpushare__V1__JobSpec spec = GPUSHARE__V1__JOB_SPEC__INIT;
+  Gpushare__V1__Dataset train = GPUSHARE__V1__DATASET__INIT;
+  Gpushare__V1__IdxFiles idx = GPUSHARE__V1__IDX_FILES__INIT;
+  idx.images = data_path;
+  idx.labels = "sha256:0123";
+  train.source_case = GPUSHARE__V1__DATASET__SOURCE_IDX;
+  train.idx = &idx;
+  spec.train = &train;
+  size_t n = gpushare__v1__job_spec__get_packed_size(&spec);
+  uint8_t *buf = malloc(n);
+  gpushare__v1__job_spec__pack(&spec, buf);
+  write_file(job_path, buf, n);
+  free(buf);
+
+  char args[300], out[4096];
+  snprintf(args, sizeof args, "submit %s", job_path);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "job 42 submitted: vdev small"), "%s", out);
+  cr_assert_str_eq(fake.up_name, strrchr(data_path, '/') + 1);
+  cr_assert_str_eq(fake.up_sha, want);
+  char ref[80];
+  snprintf(ref, sizeof ref, "sha256:%s", want);
+  cr_assert_str_eq(fake.images, ref);
+  cr_assert_str_eq(fake.labels, "sha256:0123", "a store reference is sent as it is");
+  unlink(data_path);
+  unlink(job_path);
 }
