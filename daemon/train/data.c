@@ -139,7 +139,7 @@ static int idx_read(idx_src *s, uint8_t *dst, uint64_t want, uint64_t *got, gs_e
   if (s->gz) return idx_inflate(s, dst, want, got, e);
   uint64_t avail = s->len - s->pos;
   *got = want < avail ? want : avail;
-  memcpy(dst, s->p + s->pos, (size_t)*got);
+  if (*got) memcpy(dst, s->p + s->pos, (size_t)*got);
   s->pos += (size_t)*got;
   return 0;
 }

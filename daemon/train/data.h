@@ -74,7 +74,10 @@ int gs_dataset_load_idx_mem_named(const uint8_t *img, size_t img_len, const char
  * bounded noise, labels are drawn uniformly. Same arguments, same bytes on
  * every machine. n, h, w, c >= 1, 2 <= classes <= 65536,
  * n*h*w*c <= GS_DATASET_MAX_ELEMS; e->field names the offending argument
- * ("examples", "height", "width", "channels", "classes"). */
+ * ("examples", "height", "width", "channels", "classes"). The prototypes
+ * depend only on (seed, h, w, c, classes), and example i of a larger n is
+ * example i of a smaller one: make train and test from ONE call and split
+ * it with gs_dataset_slice, or they will share examples. */
 int gs_dataset_synthetic(uint64_t n, uint32_t h, uint32_t w, uint32_t c, uint32_t classes,
                          uint64_t seed, gs_dataset *out, gs_err *e);
 

@@ -487,7 +487,8 @@ int gs_safetensors_write(const char *path, const gs_ckpt_tensor *tensors, size_t
   le64(n, hl);
   bool ok = fwrite(n, 1, 8, a.f) == 8 && fwrite(hdr, 1, hl, a.f) == hl;
   for (size_t i = 0; ok && i < count; i++)
-    ok = fwrite(tensors[i].data, 1, (size_t)tensors[i].bytes, a.f) == tensors[i].bytes;
+    ok = !tensors[i].bytes ||
+         fwrite(tensors[i].data, 1, (size_t)tensors[i].bytes, a.f) == tensors[i].bytes;
   free(hdr);
   if (!ok) {
     int err = errno ? errno : EIO;
@@ -676,7 +677,7 @@ static int read_buf(uint8_t *buf, size_t len, gs_safetensors **out, gs_err *e) {
     rc = jfail(&j, "bytes after the header object");
     goto fail;
   }
-  qsort(s->tensors, s->count, sizeof *s->tensors, cmp_offset);
+  if (s->count) qsort(s->tensors, s->count, sizeof *s->tensors, cmp_offset);
   uint64_t at = 0;
   for (size_t i = 0; i < s->count; i++) {
     uint64_t begin = (uintptr_t)s->tensors[i].data;
