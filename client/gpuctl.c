@@ -13,7 +13,8 @@
  * and, with --json, the call's result message printed field by field from
  * its protobuf descriptor with the .proto's field names, so the JSON follows
  * the protocol without a hand-written mapping per call: 64-bit integers are
- * plain JSON numbers, enums their names, bytes base64, unset fields left out.
+ * plain JSON numbers, enums their names, bytes base64, unset optional fields
+ * left out, repeated fields always present ([] when empty).
  *
  * Datasets named by path in a job (idx images/labels) are hashed here,
  * uploaded unless the tenant's store already holds that sha256, and the job
@@ -350,8 +351,8 @@ static void json_message(json *j, const char *key, const ProtobufCMessage *m) {
     const char *base = (const char *)m;
     const void *p = base + f->offset;
     if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      /* always written, [] when empty, so `jq '.job[]'` works on no jobs */
       size_t n = *(const size_t *)(base + f->quantifier_offset);
-      if (n == 0) continue;
       const char *arr = *(char *const *)p;
       json_open(j, f->name, '[');
       for (size_t k = 0; k < n; k++) json_value(j, NULL, f, arr + k * field_size(f));
@@ -423,6 +424,13 @@ static void table_header(table *t, unsigned right, const char *const *names) {
   for (; names[t->ncols]; t->ncols++) table_cell(t, "%s", names[t->ncols]);
 }
 
+static void table_free(table *t) {
+  for (size_t i = 0; i < t->ncells; i++) free(t->cells[i]);
+  free(t->cells);
+  t->cells = NULL;
+  t->ncells = t->cap = 0;
+}
+
 static void table_fprint(FILE *f, table *t) {
   size_t w[32] = {0};
   for (size_t i = 0; i < t->ncells; i++) {
@@ -437,10 +445,7 @@ static void table_fprint(FILE *f, table *t) {
     else fprintf(f, "%-*s", (int)w[col], t->cells[i]);
     fputs(lastcol ? "\n" : "  ", f);
   }
-  for (size_t i = 0; i < t->ncells; i++) free(t->cells[i]);
-  free(t->cells);
-  t->cells = NULL;
-  t->ncells = t->cap = 0;
+  table_free(t);
 }
 
 static void table_print(table *t) { table_fprint(stdout, t); }
@@ -823,8 +828,14 @@ static int cmd_dataset_add(cli *x, parsed *p) {
     char hex[65];
     int urc = gs_client_upload_file(x->c, dsname, p->pos[i], hex, &info, &e);
     if (urc) {
-      if (x->json) json_close(&j, ']'), fputc('\n', stdout);
-      table_print(&t);
+      /* what was added before the failure is still shown */
+      if (x->json) {
+        json_close(&j, ']');
+        fputc('\n', stdout);
+      } else if (t.ncells > (size_t)t.ncols) {
+        table_print(&t);
+      }
+      table_free(&t);
       report(urc, &e);
       fprintf(stderr, "gpuctl: dataset %s (%s) was not added\n", dsname, p->pos[i]);
       rc = EXIT_FAIL;
