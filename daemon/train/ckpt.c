@@ -488,14 +488,9 @@ static int load_buf(uint8_t *buf, size_t len, const char *what, gs_ckpt **out, g
     }
     goto fail;
   }
-  if (len < HDR_BYTES) {
-    rc = GS_CKPT_ETRUNC;
-    gs_err_set(e, GS_INVALID_ARGUMENT, "checkpoint",
-               "%s is truncated: %zu bytes, a checkpoint has at least %u", what, len, MIN_FILE);
-    goto fail;
-  }
-  uint32_t version = (uint32_t)le(buf + 8, 4), count = (uint32_t)le(buf + 12, 4);
-  uint64_t fbytes = le(buf + 16, 8);
+  /* The version first (it needs only 12 bytes): a newer file may be laid
+   * out differently after it, so nothing else of it is judged. */
+  uint32_t version = len >= 12 ? (uint32_t)le(buf + 8, 4) : 1;
   if (version > GS_CKPT_VERSION) {
     rc = GS_CKPT_EVERSION;
     gs_err_set(e, GS_FAILED_PRECONDITION, "checkpoint",
@@ -510,6 +505,14 @@ static int load_buf(uint8_t *buf, size_t len, const char *what, gs_ckpt **out, g
                "%s has format version 0, which no gpushare writes", what);
     goto fail;
   }
+  if (len < HDR_BYTES) {
+    rc = GS_CKPT_ETRUNC;
+    gs_err_set(e, GS_INVALID_ARGUMENT, "checkpoint",
+               "%s is truncated: %zu bytes, a checkpoint has at least %u", what, len, MIN_FILE);
+    goto fail;
+  }
+  uint32_t count = (uint32_t)le(buf + 12, 4);
+  uint64_t fbytes = le(buf + 16, 8);
   if (fbytes > len || len < MIN_FILE) {
     rc = GS_CKPT_ETRUNC;
     gs_err_set(e, GS_INVALID_ARGUMENT, "checkpoint",

@@ -19,9 +19,9 @@
  *             64 from the file's start, data
  *   u32 CRC-32 (zlib) of every byte before it
  *
- * The reader checks, in this order and each with its own error: length
- * against the smallest file, magic, version, the recorded file length
- * against the real one (truncated / trailing bytes), the CRC, then every
+ * The reader checks, in this order and each with its own error: magic,
+ * version, the length against the smallest file and the recorded file
+ * length against the real one (truncated / trailing bytes), the CRC, then every
  * size it parses against the bytes that remain, so no allocation ever comes
  * from an unchecked number. Writes are atomic (path.tmp, fsync, rename,
  * fsync of the directory): a crash leaves the old checkpoint or the new one,
