@@ -103,7 +103,11 @@ static void im2col_part(void *ctx, size_t lo, size_t hi) {
         long ix = ox * g->stride - g->pl + kx;
         if (ix < 0 || ix >= g->w)
           memset(dst, 0, sizeof(float) * (size_t)g->c);
-        else
+        else if (j->dt == GS_F32) { /* inline: C is often 1 or 3 here */
+          const float *src = (const float *)j->in + (((img * g->h + iy) * g->w + ix) * g->c);
+          for (long c = 0; c < g->c; c++)
+            dst[c] = src[c];
+        } else
           gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, j->in, (size_t)(((img * g->h + iy) * g->w + ix) * g->c)),
                           dst, (size_t)g->c);
       }
@@ -138,18 +142,15 @@ static void col2im_part(void *ctx, size_t lo, size_t hi) {
       for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
         long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
         memset(acc, 0, sizeof(float) * (size_t)cb);
-        for (long ky = 0; ky < g->kh; ky++) {
-          long ty = iy + g->pt - ky;
-          if (ty < 0 || ty % g->stride)
-            continue;
-          long oy = ty / g->stride;
+        /* the window taps that read (iy, ix): ky = (iy+pt) mod stride, then
+         * every stride-th, with oy = (iy+pt-ky)/stride going down by one */
+        long ty0 = iy + g->pt, tx0 = ix + g->pl;
+        for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
+             ky += g->stride, oy--) {
           if (oy >= g->oh)
             continue;
-          for (long kx = 0; kx < g->kw; kx++) {
-            long tx = ix + g->pl - kx;
-            if (tx < 0 || tx % g->stride)
-              continue;
-            long ox = tx / g->stride;
+          for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
+               kx += g->stride, ox--) {
             if (ox >= g->ow)
               continue;
             const float *src =
@@ -394,18 +395,13 @@ static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
       for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
         long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
         memset(acc, 0, sizeof(float) * (size_t)cb);
-        for (long ky = 0; ky < g->kh; ky++) {
-          long ty = iy + g->pt - ky;
-          if (ty < 0 || ty % g->stride)
-            continue;
-          long oy = ty / g->stride;
+        long ty0 = iy + g->pt, tx0 = ix + g->pl; /* as in col2im_part */
+        for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
+             ky += g->stride, oy--) {
           if (oy >= g->oh)
             continue;
-          for (long kx = 0; kx < g->kw; kx++) {
-            long tx = ix + g->pl - kx;
-            if (tx < 0 || tx % g->stride)
-              continue;
-            long ox = tx / g->stride;
+          for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
+               kx += g->stride, ox--) {
             if (ox >= g->ow)
               continue;
             const float *d = load_block(j->dt, j->src,
@@ -460,16 +456,16 @@ static void maxpool_fwd_part(void *ctx, size_t lo, size_t hi) {
     for (long ox = 0; ox < g->ow; ox++)
       for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
         long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
-        for (long t = 0; t < g->kh * g->kw; t++) {
-          long iy = oy * g->stride + t / g->kw, ix = ox * g->stride + t % g->kw;
-          const float *x = load_block(j->dt, j->src,
-                                      (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
-          if (t == 0)
-            memcpy(best, x, sizeof(float) * (size_t)cb);
-          else
-            for (long c = 0; c < cb; c++)
-              best[c] = x[c] > best[c] ? x[c] : best[c];
-        }
+        long base = ((img * g->h + oy * g->stride) * g->w + ox * g->stride) * g->c + c0;
+        for (long ky = 0; ky < g->kh; ky++)
+          for (long kx = 0; kx < g->kw; kx++) {
+            const float *x = load_block(j->dt, j->src, (size_t)(base + (ky * g->w + kx) * g->c), tmp, cb);
+            if (ky == 0 && kx == 0)
+              memcpy(best, x, sizeof(float) * (size_t)cb);
+            else
+              for (long c = 0; c < cb; c++)
+                best[c] = x[c] > best[c] ? x[c] : best[c];
+          }
         size_t at = (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0);
         gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), best, (size_t)cb);
       }
@@ -492,7 +488,7 @@ static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
   const geo *g = j->g;
   size_t esz = gs_dtype_size(j->dt), img_elems = (size_t)(g->h * g->w * g->c);
   float best[GS_CPU_CB], tmp[GS_CPU_CB], dtmp[GS_CPU_CB];
-  int32_t arg[GS_CPU_CB];
+  long arg[GS_CPU_CB];
   bool overlap = g->stride < g->kh || g->stride < g->kw;
   memset(gs_cpu_at_mut(j->dt, j->dst, lo * img_elems), 0, (hi - lo) * img_elems * esz);
   for (long img = (long)lo; img < (long)hi; img++)
@@ -500,21 +496,23 @@ static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
       for (long ox = 0; ox < g->ow; ox++)
         for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
           long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
-          for (long t = 0; t < g->kh * g->kw; t++) {
-            long iy = oy * g->stride + t / g->kw, ix = ox * g->stride + t % g->kw;
-            const float *x = load_block(j->dt, j->in,
-                                        (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
-            for (long c = 0; c < cb; c++)
-              if (t == 0 || x[c] > best[c]) {
-                best[c] = x[c];
-                arg[c] = (int32_t)t;
-              }
-          }
+          /* arg: element offset of each channel's first maximum */
+          long base = ((img * g->h + oy * g->stride) * g->w + ox * g->stride) * g->c + c0;
+          for (long ky = 0; ky < g->kh; ky++)
+            for (long kx = 0; kx < g->kw; kx++) {
+              long at = base + (ky * g->w + kx) * g->c;
+              const float *x = load_block(j->dt, j->in, (size_t)at, tmp, cb);
+              bool first = ky == 0 && kx == 0;
+              for (long c = 0; c < cb; c++)
+                if (first || x[c] > best[c]) {
+                  best[c] = x[c];
+                  arg[c] = at + c;
+                }
+            }
           const float *d = load_block(j->dt, j->src,
                                       (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), dtmp, cb);
           for (long c = 0; c < cb; c++) {
-            long iy = oy * g->stride + arg[c] / g->kw, ix = ox * g->stride + arg[c] % g->kw;
-            size_t at = (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0 + c);
+            size_t at = (size_t)arg[c];
             if (j->dt == GS_F32) {
               ((float *)j->dst)[at] += d[c];
             } else {

@@ -1,0 +1,166 @@
+/*
+ * bench_kernels.c: how fast the cpu backend runs the layers gpushare's
+ * benchmark models are made of, per exec thread count. Prints minimum and median
+ * milliseconds over repeated runs; it asserts nothing (timings belong in a
+ * report, not in a test). The minimum is the figure to quote on a shared
+ * machine; the median shows how much others were running.
+ *   bench_kernels [threads]   (default: 1 and every count up to the cores)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static float *rnd(size_t n, float scale) {
+  float *p = malloc(n * sizeof *p);
+  for (size_t i = 0; i < n; i++)
+    p[i] = scale * ((float)rand() / (float)RAND_MAX - 0.5f);
+  return p;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+#define REPS 21
+#define TIME(label, body)                                                                  \
+  do {                                                                                     \
+    double t_[REPS];                                                                       \
+    for (int r_ = 0; r_ < REPS; r_++) {                                                    \
+      double t0_ = now_ms();                                                               \
+      body;                                                                                \
+      t_[r_] = now_ms() - t0_;                                                             \
+    }                                                                                      \
+    qsort(t_, REPS, sizeof t_[0], cmp);                                                    \
+    printf("  %-44s min %8.3f  median %8.3f ms\n", label, t_[0], t_[REPS / 2]);                                     \
+  } while (0)
+
+/* dense forward + backward in dt; 16-bit buffers are just reinterpreted */
+static void dense_pair(gs_backend *b, gs_exec *ex, gs_dtype dt, uint32_t n, uint32_t c,
+                       uint32_t oc, void *in, void *w, void *bias, void *out, void *din, float *dw,
+                       float *db, void *ws) {
+  b->dense_forward(ex, dt, out, in, w, bias, n, c, oc, ws);
+  b->dense_backward(ex, dt, din, dw, db, out, in, w, n, c, oc, ws);
+}
+
+static void run(gs_backend *b, int threads) {
+  gs_exec *ex;
+  gs_exec_config cfg = {.threads = threads};
+  if (b->exec_create(b, &cfg, &ex))
+    return;
+  printf("threads=%d\n", threads);
+  /* the MLP: 784-256-128-10, batch 128, fp32, SGD momentum */
+  uint32_t N = 128, L[4] = {784, 256, 128, 10};
+  float *x = rnd(N * 784, 1), *w[3], *bb[3], *a[4], *g[4], *dw[3], *db[3], *m[3];
+  a[0] = x;
+  for (int l = 0; l < 3; l++) {
+    w[l] = rnd((size_t)L[l] * L[l + 1], 0.1f);
+    bb[l] = rnd(L[l + 1], 0.1f);
+    dw[l] = calloc((size_t)L[l] * L[l + 1], 4);
+    m[l] = calloc((size_t)L[l] * L[l + 1], 4);
+    db[l] = calloc(L[l + 1], 4);
+    a[l + 1] = calloc((size_t)N * L[l + 1], 4);
+    g[l + 1] = calloc((size_t)N * L[l + 1], 4);
+  }
+  g[0] = calloc((size_t)N * 784, 4);
+  float loss[128], one = 1.0f;
+  int32_t lab[128];
+  for (int i = 0; i < 128; i++)
+    lab[i] = i % 10;
+  void *ws16 = malloc(b->dense_workspace(GS_F16, N, 784, 256));
+  TIME("dense 128x784x256 fwd+bwd fp32",
+       dense_pair(b, ex, GS_F32, N, 784, 256, x, w[0], bb[0], a[1], g[0], dw[0], db[0], NULL));
+  TIME("dense 128x784x256 fwd+bwd bf16 storage",
+       dense_pair(b, ex, GS_BF16, N, 784, 256, x, w[0], bb[0], a[1], g[0], dw[0], db[0], ws16));
+  TIME("MLP 784-256-128-10 b128 train step fp32", {
+    for (int l = 0; l < 3; l++) {
+      b->dense_forward(ex, GS_F32, a[l + 1], a[l], w[l], bb[l], N, L[l], L[l + 1], NULL);
+      if (l < 2)
+        b->relu_forward(ex, GS_F32, a[l + 1], a[l + 1], (size_t)N * L[l + 1]);
+    }
+    b->xent_forward_backward(ex, loss, NULL, g[3], a[3], lab, N, 10, &one, (float)N);
+    for (int l = 2; l >= 0; l--) {
+      if (l < 2)
+        b->relu_backward(ex, GS_F32, g[l + 1], g[l + 1], a[l + 1], (size_t)N * L[l + 1]);
+      b->dense_backward(ex, GS_F32, l ? g[l] : NULL, dw[l], db[l], g[l + 1], a[l], w[l], N, L[l],
+                        L[l + 1], NULL);
+    }
+    for (int l = 0; l < 3; l++) {
+      b->sgd_step(ex, w[l], dw[l], m[l], (size_t)L[l] * L[l + 1], 0.01f, 0.9f, false, 0, NULL);
+      b->sgd_step(ex, bb[l], db[l], NULL, L[l + 1], 0.01f, 0.0f, false, 0, NULL);
+      memset(dw[l], 0, (size_t)L[l] * L[l + 1] * 4);
+      memset(db[l], 0, L[l + 1] * 4);
+    }
+  });
+  /* CNN / MobileNet-style layers, batch 128 */
+  struct {
+    const char *name;
+    gs_conv_shape s;
+    int depthwise;
+  } convs[] = {
+      {"conv 3x3 28x28x1->32 SAME", {128, 28, 28, 1, 3, 3, 1, true, 32, 0, 0}, 0},
+      {"conv 3x3 14x14x32->64 SAME", {128, 14, 14, 32, 3, 3, 1, true, 64, 0, 0}, 0},
+      {"conv 1x1 14x14x64->128", {128, 14, 14, 64, 1, 1, 1, true, 128, 0, 0}, 0},
+      {"depthwise 3x3 14x14x64 SAME", {128, 14, 14, 64, 3, 3, 1, true, 64, 0, 0}, 1},
+      {"depthwise 3x3 s2 28x28x32 SAME", {128, 28, 28, 32, 3, 3, 2, true, 32, 0, 0}, 1},
+  };
+  for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
+    gs_conv_shape s = convs[i].s;
+    gs_conv_shape_init(&s);
+    size_t nin = (size_t)s.n * s.h * s.w * s.c, nout = (size_t)s.n * s.oh * s.ow * s.f;
+    size_t nw = convs[i].depthwise ? (size_t)s.kh * s.kw * s.c : (size_t)s.kh * s.kw * s.c * s.f;
+    float *in = rnd(nin, 1), *out = calloc(nout, 4), *din = calloc(nin, 4), *cw = rnd(nw, 0.1f);
+    float *cb = rnd(s.f, 0.1f), *cdw = calloc(nw, 4), *cdb = calloc(s.f, 4);
+    size_t wsb = convs[i].depthwise ? b->depthwise_workspace(GS_F32, &s) : b->conv2d_workspace(GS_F32, &s);
+    void *ws = wsb ? malloc(wsb) : NULL;
+    char label[96];
+    snprintf(label, sizeof label, "%s fwd+bwd fp32", convs[i].name);
+    if (convs[i].depthwise)
+      TIME(label, {
+        b->depthwise_forward(ex, GS_F32, out, in, cw, cb, &s, ws);
+        b->depthwise_backward(ex, GS_F32, din, cdw, cdb, out, in, cw, &s, ws);
+      });
+    else
+      TIME(label, {
+        b->conv2d_forward(ex, GS_F32, out, in, cw, cb, &s, ws);
+        b->conv2d_backward(ex, GS_F32, din, cdw, cdb, out, in, cw, &s, ws);
+      });
+    gs_conv_shape p = {s.n, s.oh, s.ow, s.f, 2, 2, 2, false, s.f, 0, 0};
+    if (i == 0) {
+      gs_conv_shape_init(&p);
+      float *po = calloc((size_t)p.n * p.oh * p.ow * p.c, 4);
+      TIME("maxpool 2x2 28x28x32 fwd+bwd fp32", {
+        b->maxpool_forward(ex, GS_F32, po, out, &p);
+        b->maxpool_backward(ex, GS_F32, out, po, out, &p);
+      });
+      free(po);
+    }
+    free(in), free(out), free(din), free(cw), free(cb), free(cdw), free(cdb), free(ws);
+  }
+  for (int l = 0; l < 3; l++)
+    free(w[l]), free(bb[l]), free(dw[l]), free(m[l]), free(db[l]), free(a[l + 1]), free(g[l + 1]);
+  free(x), free(g[0]), free(ws16);
+  b->exec_destroy(ex);
+}
+
+int main(int argc, char **argv) {
+  gs_backend *b = gs_backend_cpu();
+  if (argc > 1) {
+    run(b, atoi(argv[1]));
+    return 0;
+  }
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  for (int t = 1; t <= ncpu; t *= 2)
+    run(b, t);
+  return 0;
+}
