@@ -18,6 +18,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -745,4 +746,49 @@ Test(kernels, memory_and_execs) {
   cr_expect_eq(c[3], 0.0f);
   B->exec_destroy(ex);
   cr_expect_str_eq(B->name, "cpu");
+}
+
+/* Two jobs, each with its own exec, running GEMMs at the same time (the
+ * executor's situation): each gets the result it gets alone. */
+struct job_arg {
+  const float *in, *w, *want;
+  float *out;
+  int bad;
+};
+
+static void *job_main(void *p) {
+  struct job_arg *a = p;
+  gs_exec *ex;
+  gs_exec_config cfg = {.threads = 2};
+  if (B->exec_create(B, &cfg, &ex))
+    return (a->bad = 1, NULL);
+  for (int r = 0; r < 20; r++) {
+    B->dense_forward(ex, GS_F32, a->out, a->in, a->w, NULL, 64, 300, 200, NULL);
+    if (memcmp(a->out, a->want, 64 * 200 * sizeof(float)))
+      a->bad = 1;
+  }
+  B->exec_destroy(ex);
+  return NULL;
+}
+
+Test(kernels, concurrent_execs) {
+  size_t nin = 64 * 300, nw = 300 * 200, nout = 64 * 200;
+  struct job_arg a[2];
+  pthread_t t[2];
+  for (int j = 0; j < 2; j++) {
+    float *in = malloc(nin * 4), *w = malloc(nw * 4), *want = malloc(nout * 4);
+    for (size_t i = 0; i < nin; i++)
+      in[i] = (float)urand();
+    for (size_t i = 0; i < nw; i++)
+      w[i] = (float)urand();
+    cr_assert_eq(B->dense_forward(EX, GS_F32, want, in, w, NULL, 64, 300, 200, NULL), 0);
+    a[j] = (struct job_arg){.in = in, .w = w, .want = want, .out = malloc(nout * 4)};
+  }
+  for (int j = 0; j < 2; j++)
+    pthread_create(&t[j], NULL, job_main, &a[j]);
+  for (int j = 0; j < 2; j++) {
+    pthread_join(t[j], NULL);
+    cr_expect_eq(a[j].bad, 0, "job %d saw a different result", j);
+    free((void *)a[j].in), free((void *)a[j].w), free((void *)a[j].want), free(a[j].out);
+  }
 }
