@@ -1,0 +1,56 @@
+#!/bin/sh
+# bench_train.sh: gpushare-run against PyTorch on the three Fashion-MNIST
+# examples (MLP, CNN, small MobileNet), same recipe, same thread count, CPU.
+#
+# Prints, per example, training samples/s of both, their ratio, and both test
+# accuracies. A benchmark, never a test: nothing here is asserted in ctest.
+#
+# usage: tests/bench/bench_train.sh [BUILD_DIR]
+#   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" to change the run.
+# PyTorch: Debian's python3-torch (/usr/bin/python3 -c 'import torch'); without
+# it only gpushare's numbers are printed.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+build=${1:-$src/build}
+EPOCHS=${EPOCHS:-1}
+THREADS=${THREADS:-2}
+MAX_STEPS=${MAX_STEPS:-0}
+MODELS=${MODELS:-"mlp cnn mobilenet"}
+PY=${PY:-/usr/bin/python3}
+run=$build/daemon/train/gpushare-run
+[ -x "$run" ] || { echo "bench_train: $run not built (cmake --build $build --target gpushare-run gs_examples)" >&2; exit 1; }
+have_torch=0
+if "$PY" -c 'import torch' 2>/dev/null; then have_torch=1; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+jget() { # jget FILE KEY: a number from the last line's JSON object
+  tail -n 1 "$1" | "$PY" -c "import json,sys; v=json.load(sys.stdin).get('$2'); print('nan' if v is None else v)"
+}
+
+printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch
+for m in $MODELS; do
+  job=$build/examples/fashion-$m.pb
+  [ -f "$job" ] || { echo "bench_train: $job missing" >&2; exit 1; }
+  ms=""
+  [ "$MAX_STEPS" != 0 ] && ms="--max-steps $MAX_STEPS"
+  # shellcheck disable=SC2086
+  "$run" "$job" --json --epochs "$EPOCHS" --threads "$THREADS" $ms > "$tmp/gs.$m" 2> "$tmp/gs.$m.err" ||
+    { echo "bench_train: gpushare-run failed on $m:" >&2; cat "$tmp/gs.$m.err" >&2; exit 1; }
+  gs_sps=$(jget "$tmp/gs.$m" samples_per_second)
+  gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
+  if [ $have_torch = 1 ]; then
+    # shellcheck disable=SC2086
+    "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
+      --max-steps "$MAX_STEPS" > "$tmp/pt.$m"
+    pt_sps=$(jget "$tmp/pt.$m" samples_per_second)
+    pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
+    ratio=$("$PY" -c "print('%.2f' % ($gs_sps / $pt_sps))")
+  else
+    pt_sps=n/a; pt_acc=n/a; ratio=n/a
+  fi
+  printf '%-10s %14.0f %14s %8s %10.4f %10s\n' "$m" "$gs_sps" "$pt_sps" "$ratio" "$gs_acc" "$pt_acc"
+done
+[ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
+echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU; ratio = gpushare / torch samples/s (training steps only)"
