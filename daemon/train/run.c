@@ -282,7 +282,7 @@ static void json_num(const char *k, double v, bool last) {
 int main(int argc, char **argv) {
   const char *job = NULL, *ckpt = NULL, *resume = NULL, *export = NULL;
   const char *data_dir = DEFAULT_DATA_DIR;
-  gs_train_options opt = {.threads = 1, .precision = -1};
+  gs_train_options opt = {.threads = 1};
   bool json = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -329,6 +329,7 @@ int main(int argc, char **argv) {
       if (parse_u64(val, 1024, &v) || v < 1) return bad_flag(flag, val, "an integer from 1 to 1024");
       opt.threads = (int)v;
     } else if (!strcmp(flag, "--precision")) {
+      opt.has_precision = true;
       if (!strcmp(val, "float32"))
         opt.precision = GPUSHARE__V1__PRECISION__FLOAT32;
       else if (!strcmp(val, "mixed_float16"))

@@ -905,7 +905,7 @@ int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *
                     const gs_dataset *train, const gs_dataset *test,
                     const gs_train_options *opt, gs_train **out, gs_train_failure *fail,
                     gs_err *e) {
-  static const gs_train_options defaults = {.threads = 1, .precision = -1};
+  static const gs_train_options defaults = {.threads = 1};
   int rc;
   *out = NULL;
   if (fail) memset(fail, 0, sizeof *fail);
@@ -933,7 +933,7 @@ int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *
     t->r.epochs = t->opt.epochs;
   }
   if (t->opt.has_max_steps) t->r.max_steps = t->opt.max_steps;
-  if (t->opt.precision >= 0) {
+  if (t->opt.has_precision) {
     switch (t->opt.precision) {
     case GPUSHARE__V1__PRECISION__FLOAT32: t->r.dtype = GS_F32; break;
     case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: t->r.dtype = GS_F16; break;
@@ -959,8 +959,13 @@ int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *
   if ((rc = gs_model_check_dataset(&t->model, "train", train->h, train->w, train->c,
                                    train->classes, e)))
     goto fail;
+  /* A test set may lack the top classes (its classes are its max label + 1);
+   * its labels only need to be below the model's classes. */
   if (test && (rc = gs_model_check_dataset(&t->model, "test", test->h, test->w, test->c,
-                                           test->classes, e)))
+                                           test->classes <= t->model.classes
+                                               ? t->model.classes
+                                               : test->classes,
+                                           e)))
     goto fail;
   uint64_t eff = (uint64_t)t->r.batch_size * t->r.accumulation_steps;
   t->steps_per_epoch = train->n / eff;

@@ -97,7 +97,8 @@ typedef struct gs_train_options {
   uint32_t epochs;      /* > 0 overrides spec.epochs */
   bool has_max_steps;   /* overrides spec.max_steps with max_steps (0 = none) */
   uint64_t max_steps;
-  int precision;        /* >= 0 overrides spec.precision (Gpushare__V1__Precision) */
+  bool has_precision;   /* overrides spec.precision with precision */
+  int precision;        /* Gpushare__V1__Precision */
   /* Called on the job's thread; may be NULL. */
   void (*on_step)(void *user, const gs_train_progress *p);
   void (*on_epoch)(void *user, const gs_train_epoch *m);
