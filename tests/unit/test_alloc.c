@@ -1,7 +1,7 @@
 /*
  * test_alloc.c: the vdev allocator against a fake device.
  *
- * The fake backend hands out host memory (aligned_alloc) as regions, with a
+ * The fake backend hands out host memory (posix_memalign) as regions, with a
  * configurable physical capacity so a test can make the "device" run out,
  * and records every reservation, so the tests can check what the allocator
  * promises a vdev's tenant: it never reserves past the limit, every block is
@@ -65,8 +65,8 @@ static int fake_reserve(gs_backend *b, int device_index, size_t bytes, void **re
     d->refused++;
     return -ENOMEM;
   }
-  void *p = aligned_alloc(4096, bytes);
-  if (!p) {
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, bytes) != 0) { /* page-aligned, as mmap gives */
     d->refused++;
     return -ENOMEM;
   }
