@@ -54,6 +54,33 @@ static const char *const migrations[] = {
     "  created INTEGER NOT NULL);"
     "CREATE INDEX vdevs_device ON vdevs(device);"
     "CREATE INDEX vdevs_tenant ON vdevs(tenant);",
+    /* 1 -> 2: datasets (content-addressed blobs named per tenant), jobs
+     * (the packed gpushare.v1.Job is the record; the columns are what the
+     * scheduler and the permission checks query), their events. */
+    "CREATE TABLE datasets("
+    "  tenant TEXT NOT NULL REFERENCES tenants(name),"
+    "  name TEXT NOT NULL,"
+    "  sha256 TEXT NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  created INTEGER NOT NULL,"
+    "  PRIMARY KEY (tenant, name));"
+    "CREATE INDEX datasets_sha ON datasets(sha256);"
+    "CREATE TABLE jobs("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  tenant TEXT NOT NULL REFERENCES tenants(name),"
+    "  vdev TEXT NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  priority INTEGER NOT NULL,"
+    "  submitted INTEGER NOT NULL,"
+    "  crashes INTEGER NOT NULL DEFAULT 0,"
+    "  record BLOB NOT NULL);"
+    "CREATE INDEX jobs_state ON jobs(state, vdev);"
+    "CREATE INDEX jobs_tenant ON jobs(tenant);"
+    "CREATE TABLE job_events("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id),"
+    "  seq INTEGER NOT NULL,"
+    "  record BLOB NOT NULL,"
+    "  PRIMARY KEY (job_id, seq));",
 };
 #define N_MIGRATIONS (sizeof migrations / sizeof migrations[0])
 _Static_assert(N_MIGRATIONS == GS_STORE_SCHEMA_VERSION, "one migration per schema version");
@@ -75,6 +102,21 @@ enum {
   Q_DEVICE_USAGE,
   Q_TENANTS_OF_UID,
   Q_TENANTS_OF_GID,
+  Q_DATASET_INSERT,
+  Q_DATASET_GET,
+  Q_DATASET_BY_SHA,
+  Q_DATASET_LIST,
+  Q_DATASET_LIST_ALL,
+  Q_DATASET_DELETE,
+  Q_BLOB_REFS,
+  Q_JOB_INSERT,
+  Q_JOB_UPDATE,
+  Q_JOB_GET,
+  Q_JOB_LIST,
+  Q_JOB_COUNT,
+  Q_EVENT_INSERT,
+  Q_EVENT_LIST,
+  Q_VDEV_JOBS,
   Q_COUNT
 };
 
@@ -103,10 +145,35 @@ static const char *const sql[Q_COUNT] = {
                        " COUNT(*) FROM vdevs WHERE device = ?1",
     [Q_TENANTS_OF_UID] = "SELECT tenant FROM members WHERE kind = 'uid' AND id = ?1",
     [Q_TENANTS_OF_GID] = "SELECT tenant, id FROM members WHERE kind = 'gid' AND id = ?1",
+    [Q_DATASET_INSERT] = "INSERT INTO datasets(tenant, name, sha256, bytes, created)"
+                         " VALUES (?1, ?2, ?3, ?4, ?5)",
+    [Q_DATASET_GET] = "SELECT tenant, name, sha256, bytes, created FROM datasets"
+                      " WHERE tenant = ?1 AND name = ?2",
+    [Q_DATASET_BY_SHA] = "SELECT tenant, name, sha256, bytes, created FROM datasets"
+                         " WHERE tenant = ?1 AND sha256 = ?2 ORDER BY name LIMIT 1",
+    [Q_DATASET_LIST] = "SELECT tenant, name, sha256, bytes, created FROM datasets"
+                       " WHERE tenant = ?1 ORDER BY name",
+    [Q_DATASET_LIST_ALL] = "SELECT tenant, name, sha256, bytes, created FROM datasets"
+                           " ORDER BY tenant, name",
+    [Q_DATASET_DELETE] = "DELETE FROM datasets WHERE tenant = ?1 AND name = ?2",
+    [Q_BLOB_REFS] = "SELECT COUNT(*) FROM datasets WHERE sha256 = ?1",
+    [Q_JOB_INSERT] = "INSERT INTO jobs(tenant, vdev, state, priority, submitted, record)"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, x'')",
+    [Q_JOB_UPDATE] = "UPDATE jobs SET state = ?2, crashes = ?3, record = ?4 WHERE id = ?1",
+    [Q_JOB_GET] = "SELECT id, tenant, vdev, state, priority, submitted, crashes, record"
+                  " FROM jobs WHERE id = ?1",
+    [Q_JOB_LIST] = "SELECT id, tenant, vdev, state, priority, submitted, crashes, record"
+                   " FROM jobs ORDER BY id",
+    [Q_JOB_COUNT] = "SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state = ?2",
+    [Q_EVENT_INSERT] = "INSERT INTO job_events(job_id, seq, record) VALUES (?1,"
+                       " (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = ?1), ?2)",
+    [Q_EVENT_LIST] = "SELECT record FROM job_events WHERE job_id = ?1 ORDER BY seq",
+    [Q_VDEV_JOBS] = "SELECT COUNT(*) FROM jobs WHERE vdev = ?1 AND state IN (0, 1)",
 };
 
 struct gs_store {
   sqlite3 *db;              /* the one connection, loop thread only */
+  int txn_depth;            /* > 0: inside gs_store_txn_begin; calls join it */
   sqlite3_stmt *st[Q_COUNT]; /* prepared on first use */
   char path[4200];          /* STATE_DIR/gpushared.db, for messages */
 };
@@ -139,8 +206,19 @@ static int exec(gs_store *s, const char *text, gs_err *e) {
   return 0;
 }
 
-static int begin(gs_store *s, gs_err *e) { return exec(s, "BEGIN IMMEDIATE", e); }
+/* Inside an outer gs_store_txn_begin, a call's own transaction becomes a
+ * savepoint, so its failure undoes just that call and the outer caller
+ * decides about the rest. */
+static int begin(gs_store *s, gs_err *e) {
+  if (s->txn_depth++ > 0) return exec(s, "SAVEPOINT call", e) < 0 ? (s->txn_depth--, -1) : 0;
+  if (exec(s, "BEGIN IMMEDIATE", e) < 0) {
+    s->txn_depth--;
+    return -1;
+  }
+  return 0;
+}
 static int commit(gs_store *s, gs_err *e) {
+  if (--s->txn_depth > 0) return exec(s, "RELEASE call", e);
   if (exec(s, "COMMIT", e) < 0) {
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
     return -1;
@@ -148,9 +226,17 @@ static int commit(gs_store *s, gs_err *e) {
   return 0;
 }
 static int rollback(gs_store *s) {
+  if (--s->txn_depth > 0) {
+    sqlite3_exec(s->db, "ROLLBACK TO call; RELEASE call", NULL, NULL, NULL);
+    return -1;
+  }
   sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
   return -1;
 }
+
+int gs_store_txn_begin(gs_store *s, gs_err *e) { return begin(s, e); }
+int gs_store_txn_commit(gs_store *s, gs_err *e) { return commit(s, e); }
+void gs_store_txn_rollback(gs_store *s) { rollback(s); }
 
 /* Run a statement that returns no row; SQLITE_CONSTRAINT is reported by the
  * caller, which knows what the constraint means. */
@@ -491,6 +577,35 @@ int gs_store_tenant_delete(gs_store *s, const char *name, gs_err *e) {
                       "(gpuctl vdev list)",
                       name, vdevs, vdevs == 1 ? "" : "s");
   }
+  gs_dataset_row *ds;
+  size_t nds;
+  if (gs_store_dataset_list(s, name, &ds, &nds, e) < 0) return rollback(s);
+  free(ds);
+  if (nds > 0) {
+    rollback(s);
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "name",
+                      "tenant %s still has %zu dataset%s: remove them first (gpuctl dataset rm)",
+                      name, nds, nds == 1 ? "" : "s");
+  }
+  /* With no vdev left, every job of the tenant has ended (vdevs with queued
+   * or running jobs cannot be deleted): its history goes with it. */
+  static const char *const purge[] = {
+      "DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE tenant = ?1)",
+      "DELETE FROM jobs WHERE tenant = ?1"};
+  for (size_t i = 0; i < 2; i++) {
+    sqlite3_stmt *p = NULL;
+    if (sqlite3_prepare_v2(s->db, purge[i], -1, &p, NULL) != SQLITE_OK) {
+      rollback(s);
+      return db_fail(s, e, "purge jobs");
+    }
+    sqlite3_bind_text(p, 1, name, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(p);
+    sqlite3_finalize(p);
+    if (rc != SQLITE_DONE) {
+      rollback(s);
+      return db_fail(s, e, "purge jobs");
+    }
+  }
   sqlite3_stmt *q = stmt(s, Q_TENANT_DELETE, e);
   if (!q) return rollback(s);
   sqlite3_bind_text(q, 1, name, -1, SQLITE_TRANSIENT);
@@ -687,6 +802,15 @@ int gs_store_vdev_delete(gs_store *s, const char *name, gs_err *e) {
   gs_vdev v;
   if (begin(s, e) < 0) return -1;
   if (gs_store_vdev_get(s, name, &v, e) < 0) return rollback(s);
+  uint32_t active;
+  if (gs_store_vdev_active_jobs(s, name, &active, e) < 0) return rollback(s);
+  if (active) {
+    rollback(s);
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "name",
+                      "vdev %s has %" PRIu32 " queued or running job%s: cancel them first "
+                      "(gpuctl list --all)",
+                      name, active, active == 1 ? "" : "s");
+  }
   sqlite3_stmt *q = stmt(s, Q_VDEV_DELETE, e);
   if (!q) return rollback(s);
   sqlite3_bind_text(q, 1, name, -1, SQLITE_TRANSIENT);
@@ -725,4 +849,251 @@ int gs_store_tenants_of(gs_store *s, uint32_t uid, const uint32_t *gids, size_t 
     sqlite3_reset(q);
   }
   return 0;
+}
+
+/* ------------------------------------------------------------ datasets --- */
+
+static void dataset_row(sqlite3_stmt *q, gs_dataset_row *d) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->tenant, sizeof d->tenant, "%s", sqlite3_column_text(q, 0));
+  snprintf(d->name, sizeof d->name, "%s", sqlite3_column_text(q, 1));
+  snprintf(d->sha256, sizeof d->sha256, "%s", sqlite3_column_text(q, 2));
+  d->bytes = (uint64_t)sqlite3_column_int64(q, 3);
+  d->created = sqlite3_column_int64(q, 4);
+}
+
+/* Run q (already bound) expecting at most one row into *d; NOT_FOUND via
+ * the caller's message when none. Returns 1 found, 0 none, -1 error. */
+static int one_dataset(gs_store *s, sqlite3_stmt *q, gs_dataset_row *d, gs_err *e) {
+  int rc = sqlite3_step(q);
+  if (rc == SQLITE_ROW) dataset_row(q, d);
+  sqlite3_reset(q);
+  if (rc == SQLITE_ROW) return 1;
+  if (rc == SQLITE_DONE) return 0;
+  return db_fail(s, e, "dataset lookup");
+}
+
+int gs_store_dataset_get(gs_store *s, const char *tenant, const char *name, gs_dataset_row *out,
+                         gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_DATASET_GET, e);
+  if (!q) return -1;
+  sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(q, 2, name, -1, SQLITE_TRANSIENT);
+  int rc = one_dataset(s, q, out, e);
+  if (rc < 0) return -1;
+  if (rc == 0) {
+    char b[128];
+    return gs_err_set(e, GS_NOT_FOUND, "name", "tenant %s has no dataset named \"%s\"", tenant,
+                      shown(name, b, sizeof b));
+  }
+  return 0;
+}
+
+int gs_store_dataset_by_sha(gs_store *s, const char *tenant, const char *sha256,
+                            gs_dataset_row *out, gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_DATASET_BY_SHA, e);
+  if (!q) return -1;
+  sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(q, 2, sha256, -1, SQLITE_TRANSIENT);
+  int rc = one_dataset(s, q, out, e);
+  if (rc < 0) return -1;
+  if (rc == 0)
+    return gs_err_set(e, GS_NOT_FOUND, "", "tenant %s has no dataset with content sha256:%.64s",
+                      tenant, sha256);
+  return 0;
+}
+
+int gs_store_dataset_add(gs_store *s, const gs_dataset_row *d, gs_err *e) {
+  if (gs_store_name_valid(d->name, "name", e) < 0) return -1;
+  if (begin(s, e) < 0) return -1;
+  gs_dataset_row old;
+  sqlite3_stmt *q = stmt(s, Q_DATASET_GET, e);
+  if (!q) return rollback(s);
+  sqlite3_bind_text(q, 1, d->tenant, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, 2, d->name, -1, SQLITE_STATIC);
+  int found = one_dataset(s, q, &old, e);
+  if (found < 0) return rollback(s);
+  if (found) {
+    rollback(s);
+    if (strcmp(old.sha256, d->sha256) == 0) return 0;
+    return gs_err_set(e, GS_ALREADY_EXISTS, "name",
+                      "tenant %s already has a dataset %s with other content (sha256:%.12s...); "
+                      "remove it first or choose another name",
+                      d->tenant, d->name, old.sha256);
+  }
+  q = stmt(s, Q_DATASET_INSERT, e);
+  if (!q) return rollback(s);
+  sqlite3_bind_text(q, 1, d->tenant, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, 2, d->name, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, 3, d->sha256, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(q, 4, (int64_t)d->bytes);
+  sqlite3_bind_int64(q, 5, d->created ? d->created : (int64_t)time(NULL));
+  if (step_done(s, q, e, "insert dataset") != 0) {
+    rollback(s);
+    return db_fail(s, e, "insert dataset");
+  }
+  return commit(s, e);
+}
+
+int gs_store_dataset_list(gs_store *s, const char *tenant, gs_dataset_row **out, size_t *n,
+                          gs_err *e) {
+  *out = NULL;
+  *n = 0;
+  sqlite3_stmt *q = stmt(s, tenant ? Q_DATASET_LIST : Q_DATASET_LIST_ALL, e);
+  if (!q) return -1;
+  if (tenant) sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
+  gs_dataset_row *list = NULL;
+  size_t count = 0;
+  int rc;
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    gs_dataset_row *p = realloc(list, (count + 1) * sizeof *list);
+    if (!p) {
+      sqlite3_reset(q);
+      free(list);
+      return gs_err_set(e, GS_INTERNAL, "", "store: out of memory");
+    }
+    list = p;
+    dataset_row(q, &list[count++]);
+  }
+  sqlite3_reset(q);
+  if (rc != SQLITE_DONE) {
+    free(list);
+    return db_fail(s, e, "list datasets");
+  }
+  *out = list;
+  *n = count;
+  return 0;
+}
+
+int gs_store_dataset_remove(gs_store *s, const char *tenant, const char *name,
+                            gs_dataset_row *removed, uint64_t *refs_left, gs_err *e) {
+  if (begin(s, e) < 0) return -1;
+  if (gs_store_dataset_get(s, tenant, name, removed, e) < 0) return rollback(s);
+  sqlite3_stmt *q = stmt(s, Q_DATASET_DELETE, e);
+  if (!q) return rollback(s);
+  sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(q, 2, name, -1, SQLITE_TRANSIENT);
+  if (step_done(s, q, e, "delete dataset") != 0) {
+    rollback(s);
+    return db_fail(s, e, "delete dataset");
+  }
+  q = stmt(s, Q_BLOB_REFS, e);
+  if (!q) return rollback(s);
+  sqlite3_bind_text(q, 1, removed->sha256, -1, SQLITE_STATIC);
+  if (sqlite3_step(q) != SQLITE_ROW) {
+    sqlite3_reset(q);
+    rollback(s);
+    return db_fail(s, e, "blob refs");
+  }
+  *refs_left = (uint64_t)sqlite3_column_int64(q, 0);
+  sqlite3_reset(q);
+  return commit(s, e);
+}
+
+/* ---------------------------------------------------------------- jobs --- */
+
+int gs_store_job_insert(gs_store *s, const gs_job_row *j, uint64_t *id, gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_JOB_INSERT, e);
+  if (!q) return -1;
+  sqlite3_bind_text(q, 1, j->tenant, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, 2, j->vdev, -1, SQLITE_STATIC);
+  sqlite3_bind_int(q, 3, j->state);
+  sqlite3_bind_int(q, 4, j->priority);
+  sqlite3_bind_int64(q, 5, j->submitted_ms);
+  if (step_done(s, q, e, "insert job") != 0) return db_fail(s, e, "insert job");
+  *id = (uint64_t)sqlite3_last_insert_rowid(s->db);
+  return 0;
+}
+
+int gs_store_job_update(gs_store *s, uint64_t id, int state, uint32_t crashes,
+                        const uint8_t *record, size_t len, gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_JOB_UPDATE, e);
+  if (!q) return -1;
+  sqlite3_bind_int64(q, 1, (int64_t)id);
+  sqlite3_bind_int(q, 2, state);
+  sqlite3_bind_int64(q, 3, crashes);
+  sqlite3_bind_blob(q, 4, record ? (const void *)record : "", (int)len, SQLITE_STATIC);
+  if (step_done(s, q, e, "update job") != 0) return db_fail(s, e, "update job");
+  if (sqlite3_changes(s->db) != 1)
+    return gs_err_set(e, GS_NOT_FOUND, "id", "no job %" PRIu64, id);
+  return 0;
+}
+
+void gs_job_rows_free(gs_job_row *rows, size_t n) {
+  for (size_t i = 0; i < n; i++) free(rows[i].record);
+  free(rows);
+}
+
+int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e) {
+  *out = NULL;
+  *n = 0;
+  sqlite3_stmt *q = stmt(s, Q_JOB_LIST, e);
+  if (!q) return -1;
+  gs_job_row *list = NULL;
+  size_t count = 0;
+  int rc;
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    gs_job_row *p = realloc(list, (count + 1) * sizeof *list);
+    if (!p) goto oom;
+    list = p;
+    gs_job_row *j = &list[count];
+    memset(j, 0, sizeof *j);
+    j->id = (uint64_t)sqlite3_column_int64(q, 0);
+    snprintf(j->tenant, sizeof j->tenant, "%s", sqlite3_column_text(q, 1));
+    snprintf(j->vdev, sizeof j->vdev, "%s", sqlite3_column_text(q, 2));
+    j->state = sqlite3_column_int(q, 3);
+    j->priority = sqlite3_column_int(q, 4);
+    j->submitted_ms = sqlite3_column_int64(q, 5);
+    j->crashes = (uint32_t)sqlite3_column_int64(q, 6);
+    j->record_len = (size_t)sqlite3_column_bytes(q, 7);
+    j->record = malloc(j->record_len + 1);
+    if (!j->record) goto oom;
+    if (j->record_len) memcpy(j->record, sqlite3_column_blob(q, 7), j->record_len);
+    count++;
+  }
+  sqlite3_reset(q);
+  if (rc != SQLITE_DONE) {
+    gs_job_rows_free(list, count);
+    return db_fail(s, e, "list jobs");
+  }
+  *out = list;
+  *n = count;
+  return 0;
+oom:
+  sqlite3_reset(q);
+  gs_job_rows_free(list, count);
+  return gs_err_set(e, GS_INTERNAL, "", "store: out of memory");
+}
+
+int gs_store_job_event_add(gs_store *s, uint64_t id, const uint8_t *record, size_t len,
+                           gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_EVENT_INSERT, e);
+  if (!q) return -1;
+  sqlite3_bind_int64(q, 1, (int64_t)id);
+  sqlite3_bind_blob(q, 2, record ? (const void *)record : "", (int)len, SQLITE_STATIC);
+  if (step_done(s, q, e, "insert job event") != 0) return db_fail(s, e, "insert job event");
+  return 0;
+}
+
+int gs_store_job_events(gs_store *s, uint64_t id,
+                        void (*fn)(void *u, const uint8_t *rec, size_t len), void *u,
+                        gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_EVENT_LIST, e);
+  if (!q) return -1;
+  sqlite3_bind_int64(q, 1, (int64_t)id);
+  int rc;
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW)
+    fn(u, sqlite3_column_blob(q, 0), (size_t)sqlite3_column_bytes(q, 0));
+  sqlite3_reset(q);
+  return rc == SQLITE_DONE ? 0 : db_fail(s, e, "list job events");
+}
+
+int gs_store_vdev_active_jobs(gs_store *s, const char *vdev, uint32_t *n, gs_err *e) {
+  sqlite3_stmt *q = stmt(s, Q_VDEV_JOBS, e);
+  if (!q) return -1;
+  sqlite3_bind_text(q, 1, vdev, -1, SQLITE_TRANSIENT);
+  int rc = sqlite3_step(q);
+  *n = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  return rc == SQLITE_ROW ? 0 : db_fail(s, e, "vdev jobs");
 }

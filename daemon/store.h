@@ -72,7 +72,7 @@ typedef struct gs_device_usage {
 
 typedef struct gs_store gs_store;
 
-#define GS_STORE_SCHEMA_VERSION 1
+#define GS_STORE_SCHEMA_VERSION 2
 
 /* Open (creating the directory's database if needed) and migrate. */
 int gs_store_open(const char *state_dir, gs_store **out, gs_err *e);
@@ -122,5 +122,65 @@ int gs_store_device_usage(gs_store *s, const char *device, gs_device_usage *u,
 int gs_store_tenants_of(gs_store *s, uint32_t uid, const uint32_t *gids, size_t n_gids,
                         char (*names)[GS_NAME_MAX + 1], bool *by_uid, size_t max,
                         size_t *n, gs_err *e);
+
+/* ---- transactions spanning several calls (e.g. a job row and its record)
+ * Calls made inside run in that transaction; they do not open their own. */
+int gs_store_txn_begin(gs_store *s, gs_err *e);
+int gs_store_txn_commit(gs_store *s, gs_err *e);
+void gs_store_txn_rollback(gs_store *s);
+
+/* ---- datasets: a tenant's name for a content-addressed blob ---- */
+typedef struct gs_dataset_row {
+  char tenant[GS_NAME_MAX + 1];
+  char name[GS_NAME_MAX + 1];
+  char sha256[65]; /* lowercase hex; the blob is STATE_DIR/datasets/<sha256> */
+  uint64_t bytes;
+  int64_t created;
+} gs_dataset_row;
+
+/* The same name with the same content is accepted again (idempotent);
+ * with other content it is ALREADY_EXISTS. */
+int gs_store_dataset_add(gs_store *s, const gs_dataset_row *d, gs_err *e);
+int gs_store_dataset_get(gs_store *s, const char *tenant, const char *name,
+                         gs_dataset_row *out, gs_err *e);
+/* NOT_FOUND unless the tenant has a dataset with that content. */
+int gs_store_dataset_by_sha(gs_store *s, const char *tenant, const char *sha256,
+                            gs_dataset_row *out, gs_err *e);
+/* tenant NULL: every tenant's. */
+int gs_store_dataset_list(gs_store *s, const char *tenant, gs_dataset_row **out, size_t *n,
+                          gs_err *e);
+/* *refs_left: how many dataset rows (any tenant) still name the blob. */
+int gs_store_dataset_remove(gs_store *s, const char *tenant, const char *name,
+                            gs_dataset_row *removed, uint64_t *refs_left, gs_err *e);
+
+/* ---- jobs: the packed gpushare.v1.Job is the record ---- */
+typedef struct gs_job_row {
+  uint64_t id;
+  char tenant[GS_NAME_MAX + 1];
+  char vdev[GS_NAME_MAX + 1];
+  int state;            /* gpushare.v1.JobState */
+  int32_t priority;
+  int64_t submitted_ms;
+  uint32_t crashes;     /* executor deaths while this job ran */
+  uint8_t *record;      /* malloc'd by list/get */
+  size_t record_len;
+} gs_job_row;
+
+/* Insert a row (record empty) and return its id: the caller then packs the
+ * record with that id and calls gs_store_job_update, both inside one
+ * gs_store_txn_begin/commit so the job appears whole or not at all. */
+int gs_store_job_insert(gs_store *s, const gs_job_row *j, uint64_t *id, gs_err *e);
+int gs_store_job_update(gs_store *s, uint64_t id, int state, uint32_t crashes,
+                        const uint8_t *record, size_t len, gs_err *e);
+int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e);
+void gs_job_rows_free(gs_job_row *rows, size_t n);
+int gs_store_job_event_add(gs_store *s, uint64_t id, const uint8_t *record, size_t len,
+                           gs_err *e);
+/* Calls fn for each stored event of the job, oldest first. */
+int gs_store_job_events(gs_store *s, uint64_t id,
+                        void (*fn)(void *u, const uint8_t *rec, size_t len), void *u,
+                        gs_err *e);
+/* Jobs QUEUED or RUNNING in the vdev (a vdev with any is not deleted). */
+int gs_store_vdev_active_jobs(gs_store *s, const char *vdev, uint32_t *n, gs_err *e);
 
 #endif

@@ -216,3 +216,97 @@ Test(store, tenants_of_peer) {
   cr_assert_eq(gs_store_tenants_of(s, 43, gids, 1, names, by_uid, 4, &n, &e), 0);
   cr_assert_eq(n, 0);
 }
+
+Test(store, v1_database_is_migrated_forward) {
+  gs_store_close(s);
+  s = NULL;
+  char path[128];
+  snprintf(path, sizeof path, "%s/gpushared.db", dir);
+  unlink(path);
+  sqlite3 *db;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  /* A schema-1 database as gpushared 0.1 wrote it, with a tenant in it. */
+  cr_assert_eq(sqlite3_exec(db,
+                            "CREATE TABLE tenants(name TEXT PRIMARY KEY, quota_memory INTEGER NOT NULL DEFAULT 0,"
+                            " quota_compute INTEGER NOT NULL DEFAULT 0, max_running INTEGER NOT NULL DEFAULT 0,"
+                            " max_queued INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);"
+                            "CREATE TABLE members(tenant TEXT NOT NULL, kind TEXT NOT NULL, id INTEGER NOT NULL, UNIQUE(kind, id));"
+                            "CREATE TABLE vdevs(name TEXT PRIMARY KEY, device TEXT NOT NULL, tenant TEXT NOT NULL,"
+                            " memory_limit INTEGER NOT NULL, compute_share INTEGER NOT NULL, policy INTEGER NOT NULL,"
+                            " created INTEGER NOT NULL);"
+                            "INSERT INTO tenants(name, created) VALUES ('old', 1);"
+                            "PRAGMA user_version = 1;",
+                            0, 0, 0),
+               SQLITE_OK);
+  sqlite3_close(db);
+  cr_assert_eq(gs_store_open(dir, &s, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_schema_version(s), GS_STORE_SCHEMA_VERSION);
+  gs_tenant t;
+  cr_assert_eq(gs_store_tenant_get(s, "old", &t, &e), 0, "data kept across the migration");
+  gs_tenant_clear(&t);
+  gs_dataset_row d = {.bytes = 3};
+  strcpy(d.tenant, "old");
+  strcpy(d.name, "x");
+  strcpy(d.sha256, "ab");
+  cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "%s", e.msg);
+}
+
+Test(store, datasets_per_tenant_and_dedup) {
+  mk_tenant("a", 0, 0, 1);
+  mk_tenant("b", 0, 0, 2);
+  gs_dataset_row d = {.bytes = 10};
+  strcpy(d.tenant, "a");
+  strcpy(d.name, "train");
+  strcpy(d.sha256, "1111");
+  cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "the same content again is fine");
+  strcpy(d.sha256, "2222");
+  cr_assert_eq(gs_store_dataset_add(s, &d, &e), -1);
+  cr_assert_eq(e.code, GS_ALREADY_EXISTS);
+  strcpy(d.tenant, "b");
+  strcpy(d.sha256, "1111");
+  cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "b names the same blob");
+  gs_dataset_row got;
+  cr_assert_eq(gs_store_dataset_by_sha(s, "a", "1111", &got, &e), 0);
+  cr_assert_eq(gs_store_dataset_by_sha(s, "a", "2222", &got, &e), -1);
+  cr_assert_eq(e.code, GS_NOT_FOUND);
+  uint64_t refs;
+  cr_assert_eq(gs_store_dataset_remove(s, "a", "train", &got, &refs, &e), 0);
+  cr_assert_eq(refs, 1, "b still names the blob");
+  cr_assert_eq(gs_store_dataset_get(s, "a", "train", &got, &e), -1);
+  cr_assert_eq(gs_store_tenant_delete(s, "b", &e), -1, "a tenant with datasets stays");
+  cr_assert(strstr(e.msg, "dataset"), "%s", e.msg);
+}
+
+Test(store, jobs_in_one_transaction) {
+  mk_tenant("a", 0, 0, 1);
+  cr_assert_eq(mk_vdev("v", "a", 100, 10, 1000), 0);
+  gs_job_row j = {.state = 0, .priority = 5, .submitted_ms = 1234};
+  strcpy(j.tenant, "a");
+  strcpy(j.vdev, "v");
+  uint64_t id = 0;
+  cr_assert_eq(gs_store_txn_begin(s, &e), 0);
+  cr_assert_eq(gs_store_job_insert(s, &j, &id, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_job_update(s, id, 0, 0, (const uint8_t *)"rec", 3, &e), 0);
+  cr_assert_eq(gs_store_txn_commit(s, &e), 0);
+  /* A transaction rolled back leaves no job behind. */
+  cr_assert_eq(gs_store_txn_begin(s, &e), 0);
+  uint64_t id2;
+  cr_assert_eq(gs_store_job_insert(s, &j, &id2, &e), 0);
+  gs_store_txn_rollback(s);
+  gs_job_row *rows;
+  size_t n;
+  cr_assert_eq(gs_store_job_list(s, &rows, &n, &e), 0);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(rows[0].id, id);
+  cr_assert_eq(rows[0].record_len, 3);
+  cr_assert_eq(memcmp(rows[0].record, "rec", 3), 0);
+  gs_job_rows_free(rows, n);
+  cr_assert_eq(gs_store_vdev_delete(s, "v", &e), -1, "a vdev with a queued job stays");
+  cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
+  cr_assert_eq(gs_store_job_update(s, id, 2, 0, (const uint8_t *)"done", 4, &e), 0);
+  cr_assert_eq(gs_store_job_event_add(s, id, (const uint8_t *)"e1", 2, &e), 0);
+  cr_assert_eq(gs_store_job_event_add(s, id, (const uint8_t *)"e2", 2, &e), 0);
+  cr_assert_eq(gs_store_vdev_delete(s, "v", &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_tenant_delete(s, "a", &e), 0, "ended jobs go with their tenant: %s", e.msg);
+}
