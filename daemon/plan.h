@@ -1,0 +1,88 @@
+/*
+ * plan.h: a job's memory, known before it runs.
+ *
+ * The planner walks the same model (model.h) and the same buffer list the
+ * training runtime allocates (train.h: weights, masters, gradients,
+ * optimizer state, saved activations, workspace, batch buffers), sized with
+ * the same backend workspace queries and the allocator's block rounding
+ * (gs_alloc_block_size), so its peak is what the vdev allocator will
+ * measure, without allocating anything. The same calls serve gpushare-run
+ * (--plan, --memory-limit), the daemon's submit (admission, auto_fit) and
+ * `gpuctl plan`, and the executor's OOM reports (what would fit).
+ */
+#ifndef GS_PLAN_H
+#define GS_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alloc.h"
+#include "backend.h"
+#include "gpushare.pb-c.h"
+#include "gs_error.h"
+
+typedef struct gs_plan_row {
+  char layer[64];         /* "dense_1", or "job" for job-wide buffers */
+  char kind[32];          /* "dense", "conv2d", ..., "job" */
+  char output_shape[64];  /* "(128, 14, 14, 32)" with the micro-batch */
+  uint64_t parameters;
+  uint64_t bytes[GS_ROLE_COUNT]; /* by gs_role, after allocator rounding */
+} gs_plan_row;
+
+typedef struct gs_plan {
+  gs_plan_row *rows;      /* one per layer, then "job"; malloc'd */
+  size_t n_rows;
+  uint64_t by_role[GS_ROLE_COUNT];
+  uint64_t peak_bytes;    /* what the allocator's peak in use will be */
+  uint64_t parameters;
+  uint32_t micro_batch;   /* spec.batch_size as planned */
+  uint32_t accumulation_steps;
+  int precision;          /* Gpushare__V1__Precision */
+} gs_plan;
+
+/* Plan spec as it stands (validates it like gs_model_build; INVALID_ARGUMENT
+ * with the field path on a bad spec). `b` answers the workspace queries. */
+int gs_plan_job(const Gpushare__V1__JobSpec *spec, const gs_backend *b, gs_plan *out,
+                gs_err *e);
+void gs_plan_free(gs_plan *p);
+
+/* The human table, like a model summary: layer, output shape, parameters,
+ * bytes by role, the predicted peak and, when limit > 0, whether it fits and
+ * by how much. malloc'd. */
+char *gs_plan_format(const gs_plan *p, uint64_t limit);
+
+/* What would fit under `limit`: up to max suggestions (the largest
+ * micro-batch dividing the effective batch that fits, with the accumulation
+ * that keeps the effective batch; mixed precision where the job is fp32),
+ * each with its predicted peak and the saving against the current plan. */
+typedef struct gs_plan_suggestion {
+  char what[256];               /* "micro-batch 32 x 4 accumulation steps" */
+  uint32_t micro_batch;
+  uint32_t accumulation_steps;
+  int precision;
+  uint64_t predicted_peak_bytes;
+  uint64_t saving_bytes;
+} gs_plan_suggestion;
+int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                    gs_plan_suggestion *out, size_t max, size_t *n, gs_err *e);
+
+/* Admission against a vdev limit. fits: the plan as submitted fits. With
+ * auto_fit and no fit: the largest micro-batch dividing the effective batch
+ * (batch_size x accumulation_steps) that fits, and the accumulation that
+ * keeps the effective batch (chosen = true). Neither: refused, and `why` says
+ * so with the plan's summary, the suggestion that fits, or, when even
+ * micro-batch 1 does not fit, which role dominates. */
+typedef struct gs_admission {
+  bool fits;          /* as submitted, or after auto-fit */
+  bool chosen;        /* auto-fit changed micro-batch/accumulation */
+  uint32_t micro_batch;
+  uint32_t accumulation_steps;
+  gs_plan plan;       /* of what will run (or of the refused spec) */
+  char why[2048];     /* the refusal, when !fits */
+} gs_admission;
+int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                  bool auto_fit, gs_admission *out, gs_err *e);
+void gs_admission_free(gs_admission *a);
+
+#endif
