@@ -47,6 +47,7 @@ for m in $MODELS; do
     pt_sps=$(jget "$tmp/pt.$m" samples_per_second)
     pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
     ratio=$("$PY" -c "print('%.2f' % ($gs_sps / $pt_sps))")
+    pt_sps=$("$PY" -c "print('%.0f' % $pt_sps)")
   else
     pt_sps=n/a; pt_acc=n/a; ratio=n/a
   fi

@@ -12,11 +12,18 @@ and right), so shapes match layer for layer. Prints one JSON line last.
 usage: torch_ref.py {mlp,cnn,mobilenet} [--epochs N] [--batch N]
                     [--threads N] [--data-dir DIR] [--max-steps N] [--seed N]
 """
+import os
+
+# Debian's torch calls OpenBLAS (libblas.so.3) from inside its own OpenMP
+# threads; left alone, OpenBLAS starts a thread per visible core as well and
+# the two oversubscribe the CPU (measured on the MLP, 2 threads: 12k samples/s
+# with OPENBLAS_NUM_THREADS=2, 38k with 1). The peer gets its best setting.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import gzip
 import json
 import math
-import os
 import struct
 import sys
 import time
