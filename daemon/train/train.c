@@ -50,6 +50,13 @@
 #define LS_SKIPPED 16 /* int64: steps skipped so far */
 #define LS_BYTES 24
 
+/* Live bytes of one (layer, role) pair, from gs_alloc_foreach_tag. */
+typedef struct tag_bytes {
+  char layer[GS_MODEL_NAME_MAX];
+  gs_role role;
+  uint64_t bytes;
+} tag_bytes;
+
 typedef struct lstate {
   void *w[2];      /* working copy the forward pass reads (dt) */
   float *master[2];/* fp32 masters (== w in FLOAT32) */
@@ -115,6 +122,17 @@ struct gs_train {
   uint64_t ckpt_step;    /* step of the last checkpoint written (UINT64_MAX none) */
   uint32_t epochs_done;
   bool cancelled, finished;
+
+  /* memory timeline (gs_train_memory_timeline) */
+  uint64_t peak_max;     /* the job's peak in use: per-step peaks reset the allocator's */
+  uint64_t tl_step[GS_TRAIN_TIMELINE_MAX]; /* last step of each entry */
+  uint64_t tl_peak[GS_TRAIN_TIMELINE_MAX]; /* peak in use over the entry's steps */
+  uint32_t tl_n;         /* complete entries */
+  uint64_t tl_stride;    /* steps per entry (doubles when the table fills) */
+  uint64_t tl_open_n, tl_open_peak, tl_open_step; /* the entry being filled */
+  tag_bytes *snap;       /* live bytes by (layer, role) at the peak */
+  size_t n_snap, cap_snap;
+  uint64_t snap_total;   /* in_use when the snapshot was taken */
 };
 
 static double now_s(void) {
@@ -144,16 +162,12 @@ static const char *shape_str(char *buf, size_t len, uint32_t rank, const uint64_
   return buf;
 }
 
-/* Allocate one tagged tensor of `elems` elements of `dt` (shape for the
- * failure report); on failure fill *fail and e and return -ENOMEM. */
-static int talloc(gs_train *t, const gs_layer *l, gs_role role, const char *tensor,
-                  gs_dtype dt, uint32_t rank, const uint64_t *shape, void **out,
-                  gs_train_failure *fail, gs_err *e) {
-  uint64_t elems = 1;
-  for (uint32_t i = 0; i < rank; i++) elems *= shape[i];
-  uint64_t bytes = elems * gs_dtype_size(dt);
-  if (rank == 0) bytes = shape ? shape[0] : 0; /* raw bytes */
-  gs_alloc_tag tag = {.layer = l ? l->name : "job", .role = role};
+/* Allocate one buffer of the list (gs_train_buffers) with its (layer, role)
+ * tag; on failure fill *fail and e and return -ENOMEM. */
+static int talloc(gs_train *t, const gs_train_buffer *bf, void **out, gs_train_failure *fail,
+                  gs_err *e) {
+  const gs_layer *l = bf->layer;
+  gs_alloc_tag tag = {.layer = l ? l->name : "job", .role = bf->role};
   gs_alloc_failure why;
   memset(&why, 0, sizeof why);
   if (t->n_blocks == t->cap_blocks) {
@@ -163,16 +177,16 @@ static int talloc(gs_train *t, const gs_layer *l, gs_role role, const char *tens
     t->blocks = nb;
     t->cap_blocks = cap;
   }
-  int rc = gs_alloc_malloc(t->a, (size_t)bytes, &tag, out, &why);
+  int rc = gs_alloc_malloc(t->a, (size_t)bf->bytes, &tag, out, &why);
   if (rc == 0) {
     t->blocks[t->n_blocks++] = *out;
     return 0;
   }
   char sh[64], f[64];
-  if (rank)
-    shape_str(sh, sizeof sh, rank, shape);
+  if (bf->rank)
+    shape_str(sh, sizeof sh, bf->rank, bf->shape);
   else
-    snprintf(sh, sizeof sh, "(%" PRIu64 " bytes)", bytes);
+    snprintf(sh, sizeof sh, "(%" PRIu64 " bytes)", bf->bytes);
   static const char *const causes[] = {"the vdev's memory limit is reached",
                                        "the physical device has no more memory",
                                        "free memory is fragmented: no block is large enough"};
@@ -181,11 +195,11 @@ static int talloc(gs_train *t, const gs_layer *l, gs_role role, const char *tens
     memset(fail, 0, sizeof *fail);
     fail->oom = true;
     snprintf(fail->layer, sizeof fail->layer, "%s", tag.layer);
-    fail->role = role;
-    snprintf(fail->tensor, sizeof fail->tensor, "%s", tensor);
+    fail->role = bf->role;
+    snprintf(fail->tensor, sizeof fail->tensor, "%s", bf->tensor);
     snprintf(fail->shape, sizeof fail->shape, "%s", sh);
-    fail->dtype = dt;
-    fail->bytes = bytes;
+    fail->dtype = bf->dtype;
+    fail->bytes = bf->bytes;
     fail->why = why;
   }
   if (l)
@@ -196,26 +210,29 @@ static int talloc(gs_train *t, const gs_layer *l, gs_role role, const char *tens
              "out of memory placing %s (layer %s, role %s, shape %s, %s): %" PRIu64
              " bytes; %s (limit %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64
              ", largest free block %" PRIu64 ")",
-             tensor, tag.layer, gs_role_name(role), sh, gs_dtype_name(dt), bytes, cause,
-             why.stats.limit, why.stats.in_use, why.stats.reserved, why.stats.largest_free);
+             bf->tensor, tag.layer, gs_role_name(bf->role), sh, gs_dtype_name(bf->dtype),
+             bf->bytes, cause, why.stats.limit, why.stats.in_use, why.stats.reserved,
+             why.stats.largest_free);
   return rc < 0 ? rc : -ENOMEM;
 }
+
+static void snapshot_if_peak(gs_train *t);
 
 static void free_blocks(gs_train *t) {
   for (size_t i = t->n_blocks; i-- > 0;) gs_alloc_free(t->a, t->blocks[i]);
   t->n_blocks = 0;
 }
 
-static size_t layer_workspace(const gs_train *t, const gs_layer *l, uint32_t n) {
+static size_t layer_workspace(const gs_backend *b, gs_dtype dt, const gs_layer *l, uint32_t n) {
   gs_conv_shape cs;
   switch (l->kind) {
-  case GS_LAYER_DENSE: return t->b->dense_workspace(t->dt, n, l->in.c, l->units);
+  case GS_LAYER_DENSE: return b->dense_workspace ? b->dense_workspace(dt, n, l->in.c, l->units) : 0;
   case GS_LAYER_CONV2D:
     cs = gs_model_conv_shape(l, n);
-    return t->b->conv2d_workspace(t->dt, &cs);
+    return b->conv2d_workspace ? b->conv2d_workspace(dt, &cs) : 0;
   case GS_LAYER_DEPTHWISE_CONV2D:
     cs = gs_model_conv_shape(l, n);
-    return t->b->depthwise_workspace(t->dt, &cs);
+    return b->depthwise_workspace ? b->depthwise_workspace(dt, &cs) : 0;
   default: return 0;
   }
 }
@@ -263,114 +280,184 @@ static int check_ops(const gs_train *t, gs_err *e) {
   return 0;
 }
 
-static int alloc_all(gs_train *t, gs_train_failure *fail, gs_err *e) {
-  const gs_model *m = &t->model;
-  const uint64_t n = t->r.batch_size;
+/* One buffer of the list: fill the descriptor and hand it to fn. rank 0
+ * means shape[0] is a raw byte count. */
+static int emit(int (*fn)(void *, const gs_train_buffer *), void *user, const gs_layer *l,
+                uint32_t index, gs_train_slot slot, gs_role role, const char *tensor,
+                gs_dtype dt, uint32_t rank, const uint64_t *shape) {
+  gs_train_buffer bf;
+  memset(&bf, 0, sizeof bf);
+  bf.layer = l;
+  bf.index = index;
+  bf.slot = slot;
+  bf.role = role;
+  snprintf(bf.tensor, sizeof bf.tensor, "%s", tensor);
+  bf.dtype = dt;
+  bf.rank = rank;
+  if (rank == 0) {
+    bf.bytes = shape[0];
+  } else {
+    uint64_t elems = 1;
+    for (uint32_t i = 0; i < rank; i++) {
+      bf.shape[i] = shape[i];
+      elems *= shape[i];
+    }
+    bf.bytes = elems * gs_dtype_size(dt);
+  }
+  bf.block_bytes = gs_alloc_block_size((size_t)bf.bytes);
+  return fn(user, &bf);
+}
+
+int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
+                     uint32_t eval_remainder,
+                     int (*fn)(void *user, const gs_train_buffer *buf), void *user) {
+  const uint64_t n = r->batch_size;
   const uint64_t K = m->classes;
+  const gs_dtype dt = r->dtype;
+  const bool mixed = dt != GS_F32;
   int rc;
   char nm[96];
+  /* Per parameter: working copy, master (mixed), gradient, optimizer slots. */
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
-    lstate *s = &t->ls[i];
     for (uint32_t p = 0; p < l->n_params; p++) {
       const gs_param_shape *ps = &l->params[p];
       uint64_t d[4];
       for (uint32_t j = 0; j < ps->rank; j++) d[j] = ps->dims[j];
       snprintf(nm, sizeof nm, "%s.%s", l->name, ps->suffix);
-      if ((rc = talloc(t, l, GS_ROLE_WEIGHTS, nm, t->dt, ps->rank, d, &s->w[p], fail, e)))
+      if ((rc = emit(fn, user, l, p, GS_TSLOT_WEIGHTS, GS_ROLE_WEIGHTS, nm, dt, ps->rank, d)))
         return rc;
-      if (t->mixed) {
-        if ((rc = talloc(t, l, GS_ROLE_MASTER, nm, GS_F32, ps->rank, d,
-                         (void **)&s->master[p], fail, e)))
-          return rc;
-      } else {
-        s->master[p] = s->w[p];
-      }
-      if ((rc = talloc(t, l, GS_ROLE_GRADIENTS, nm, GS_F32, ps->rank, d,
-                       (void **)&s->grad[p], fail, e)))
+      if (mixed &&
+          (rc = emit(fn, user, l, p, GS_TSLOT_MASTER, GS_ROLE_MASTER, nm, GS_F32, ps->rank, d)))
         return rc;
-      if (t->r.optimizer_slots >= 1 &&
-          (rc = talloc(t, l, GS_ROLE_OPTIMIZER, nm, GS_F32, ps->rank, d, (void **)&s->m[p],
-                       fail, e)))
+      if ((rc = emit(fn, user, l, p, GS_TSLOT_GRADIENT, GS_ROLE_GRADIENTS, nm, GS_F32, ps->rank,
+                     d)))
         return rc;
-      if (t->r.optimizer_slots >= 2 &&
-          (rc = talloc(t, l, GS_ROLE_OPTIMIZER, nm, GS_F32, ps->rank, d, (void **)&s->v[p],
-                       fail, e)))
+      if (r->optimizer_slots >= 1 &&
+          (rc = emit(fn, user, l, p, GS_TSLOT_MOMENT1, GS_ROLE_OPTIMIZER, nm, GS_F32, ps->rank,
+                     d)))
+        return rc;
+      if (r->optimizer_slots >= 2 &&
+          (rc = emit(fn, user, l, p, GS_TSLOT_MOMENT2, GS_ROLE_OPTIMIZER, nm, GS_F32, ps->rank,
+                     d)))
         return rc;
     }
   }
-  /* Saved activations: each layer's output. */
+  /* Saved activations: each layer's output (Flatten aliases its input; in
+   * FLOAT32 the last layer's output is the fp32 logits buffer itself). */
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
-    lstate *s = &t->ls[i];
-    if (l->kind == GS_LAYER_FLATTEN) continue; /* aliases its input (set below) */
-    bool logits_direct = (i == m->n_layers - 1) && !t->mixed;
+    if (l->kind == GS_LAYER_FLATTEN) continue;
+    bool logits_direct = (i == m->n_layers - 1) && !mixed;
     uint64_t d[4] = {n, l->out.h, l->out.w, l->out.c};
     uint64_t d1[2] = {n, l->out.c};
     snprintf(nm, sizeof nm, "%s.output", l->name);
-    if (logits_direct) {
-      if ((rc = talloc(t, l, GS_ROLE_ACTIVATIONS, nm, GS_F32, 2, d1, &s->act, fail, e)))
-        return rc;
-      t->logits = s->act;
-    } else if (l->out.rank == 1) {
-      if ((rc = talloc(t, l, GS_ROLE_ACTIVATIONS, nm, t->dt, 2, d1, &s->act, fail, e)))
-        return rc;
-    } else if ((rc = talloc(t, l, GS_ROLE_ACTIVATIONS, nm, t->dt, 4, d, &s->act, fail, e))) {
-      return rc;
-    }
+    if (logits_direct)
+      rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, GS_F32, 2, d1);
+    else if (l->out.rank == 1)
+      rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, dt, 2, d1);
+    else
+      rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, dt, 4, d);
+    if (rc) return rc;
   }
-  /* Batch buffers. */
+  /* Batch buffers. labels and predictions are int32: 4 bytes, as GS_F32. */
   uint64_t xd[4] = {n, m->input.h, m->input.w, m->input.c};
-  if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "images", t->dt, 4, xd, &t->x, fail, e))) return rc;
-  if (t->mixed) {
-    if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "images.f32", GS_F32, 4, xd, (void **)&t->x32,
-                     fail, e)))
-      return rc;
-  } else {
-    t->x32 = t->x;
-  }
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    if (m->layers[i].kind == GS_LAYER_FLATTEN) t->ls[i].act = i ? t->ls[i - 1].act : t->x;
   uint64_t nd[1] = {n}, nk[2] = {n, K};
-  if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "labels", GS_F32 /* 4 bytes, int32 */, 1, nd,
-                   (void **)&t->labels, fail, e)))
+  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES, GS_ROLE_BATCH, "images", dt, 4, xd)))
     return rc;
-  if (t->mixed &&
-      (rc = talloc(t, NULL, GS_ROLE_BATCH, "logits", GS_F32, 2, nk, (void **)&t->logits, fail, e)))
+  if (mixed && (rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES_F32, GS_ROLE_BATCH, "images.f32",
+                          GS_F32, 4, xd)))
     return rc;
-  if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "dlogits", GS_F32, 2, nk, (void **)&t->dlogits,
-                   fail, e)))
+  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_LABELS, GS_ROLE_BATCH, "labels", GS_F32, 1, nd)))
     return rc;
-  if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "loss", GS_F32, 1, nd, (void **)&t->loss, fail, e)))
+  if (mixed &&
+      (rc = emit(fn, user, NULL, 0, GS_TSLOT_LOGITS, GS_ROLE_BATCH, "logits", GS_F32, 2, nk)))
     return rc;
-  if ((rc = talloc(t, NULL, GS_ROLE_BATCH, "predictions", GS_F32 /* int32 */, 1, nd,
-                   (void **)&t->pred, fail, e)))
+  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_DLOGITS, GS_ROLE_BATCH, "dlogits", GS_F32, 2, nk)))
+    return rc;
+  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_LOSS, GS_ROLE_BATCH, "loss", GS_F32, 1, nd)))
+    return rc;
+  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_PREDICTIONS, GS_ROLE_BATCH, "predictions", GS_F32,
+                 1, nd)))
     return rc;
   /* Workspace: gradient ping-pong and op scratch. */
   uint64_t gd[2] = {n, m->max_elements};
-  for (int i = 0; i < 2; i++)
-    if ((rc = talloc(t, NULL, GS_ROLE_WORKSPACE, i ? "activation_gradients[1]"
-                                                   : "activation_gradients[0]",
-                     t->dt, 2, gd, &t->g[i], fail, e)))
+  for (uint32_t i = 0; i < 2; i++)
+    if ((rc = emit(fn, user, NULL, i, GS_TSLOT_ACT_GRAD, GS_ROLE_WORKSPACE,
+                   i ? "activation_gradients[1]" : "activation_gradients[0]", dt, 2, gd)))
       return rc;
   uint64_t ws = 0;
-  uint32_t eval_rem = t->test ? (uint32_t)(t->test->n % n) : 0;
   for (uint32_t i = 0; i < m->n_layers; i++) {
-    uint64_t w1 = layer_workspace(t, &m->layers[i], (uint32_t)n);
-    uint64_t w2 = eval_rem ? layer_workspace(t, &m->layers[i], eval_rem) : 0;
+    uint64_t w1 = layer_workspace(b, dt, &m->layers[i], (uint32_t)n);
+    uint64_t w2 = eval_remainder ? layer_workspace(b, dt, &m->layers[i], eval_remainder) : 0;
     if (w1 > ws) ws = w1;
     if (w2 > ws) ws = w2;
   }
   if (ws) {
     uint64_t wsb[1] = {ws};
-    if ((rc = talloc(t, NULL, GS_ROLE_WORKSPACE, "op_workspace", GS_F32, 0, wsb, &t->ws, fail,
-                     e)))
+    if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_OP_WORKSPACE, GS_ROLE_WORKSPACE, "op_workspace",
+                   GS_F32, 0, wsb)))
       return rc;
   }
   uint64_t lsb[1] = {LS_BYTES};
-  if ((rc = talloc(t, NULL, GS_ROLE_OPTIMIZER, "loss_scale_state", GS_F32, 0, lsb,
-                   (void **)&t->state, fail, e)))
-    return rc;
+  return emit(fn, user, NULL, 0, GS_TSLOT_LOSS_SCALE, GS_ROLE_OPTIMIZER, "loss_scale_state",
+              GS_F32, 0, lsb);
+}
+
+typedef struct alloc_ctx {
+  gs_train *t;
+  gs_train_failure *fail;
+  gs_err *e;
+} alloc_ctx;
+
+/* gs_train_buffers callback of the runtime: place the buffer, keep its
+ * pointer where the step reads it. */
+static int alloc_one(void *u, const gs_train_buffer *bf) {
+  alloc_ctx *c = u;
+  gs_train *t = c->t;
+  void *p = NULL;
+  int rc = talloc(t, bf, &p, c->fail, c->e);
+  if (rc) return rc;
+  size_t li = bf->layer ? (size_t)(bf->layer - t->model.layers) : 0;
+  lstate *s = bf->layer ? &t->ls[li] : NULL;
+  switch (bf->slot) {
+  case GS_TSLOT_WEIGHTS:
+    s->w[bf->index] = p;
+    if (!t->mixed) s->master[bf->index] = p;
+    break;
+  case GS_TSLOT_MASTER: s->master[bf->index] = p; break;
+  case GS_TSLOT_GRADIENT: s->grad[bf->index] = p; break;
+  case GS_TSLOT_MOMENT1: s->m[bf->index] = p; break;
+  case GS_TSLOT_MOMENT2: s->v[bf->index] = p; break;
+  case GS_TSLOT_OUTPUT:
+    s->act = p;
+    if (li == t->model.n_layers - 1 && !t->mixed) t->logits = p;
+    break;
+  case GS_TSLOT_IMAGES:
+    t->x = p;
+    if (!t->mixed) t->x32 = p;
+    break;
+  case GS_TSLOT_IMAGES_F32: t->x32 = p; break;
+  case GS_TSLOT_LABELS: t->labels = p; break;
+  case GS_TSLOT_LOGITS: t->logits = p; break;
+  case GS_TSLOT_DLOGITS: t->dlogits = p; break;
+  case GS_TSLOT_LOSS: t->loss = p; break;
+  case GS_TSLOT_PREDICTIONS: t->pred = p; break;
+  case GS_TSLOT_ACT_GRAD: t->g[bf->index] = p; break;
+  case GS_TSLOT_OP_WORKSPACE: t->ws = p; break;
+  case GS_TSLOT_LOSS_SCALE: t->state = p; break;
+  }
+  return 0;
+}
+
+static int alloc_all(gs_train *t, gs_train_failure *fail, gs_err *e) {
+  const gs_model *m = &t->model;
+  alloc_ctx c = {.t = t, .fail = fail, .e = e};
+  uint32_t eval_rem = t->test ? (uint32_t)(t->test->n % t->r.batch_size) : 0;
+  int rc = gs_train_buffers(m, &t->r, t->b, eval_rem, alloc_one, &c);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == GS_LAYER_FLATTEN) t->ls[i].act = i ? t->ls[i - 1].act : t->x;
   return 0;
 }
 
@@ -1009,6 +1096,7 @@ int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *
     goto fail;
   }
   if ((rc = alloc_all(t, fail, e))) goto fail;
+  snapshot_if_peak(t);
   if (t->opt.resume_path) {
     if ((rc = restore(t, t->opt.resume_path, e))) goto fail;
   } else {
@@ -1037,13 +1125,180 @@ void gs_train_destroy(gs_train *t) {
   free(t->h_loss);
   free(t->eval_idx);
   free(t->perm);
+  free(t->snap);
   gs_model_free(&t->model);
   free(t);
 }
 
+/* ------------------------------------------------------- memory timeline --- */
+
+typedef struct snap_ctx {
+  gs_train *t;
+  bool failed;
+} snap_ctx;
+
+static void snap_one(void *u, const char *layer, gs_role role, uint64_t bytes) {
+  snap_ctx *c = u;
+  gs_train *t = c->t;
+  if (c->failed || bytes == 0) return;
+  if (t->n_snap == t->cap_snap) {
+    size_t cap = t->cap_snap ? 2 * t->cap_snap : 32;
+    tag_bytes *nb = realloc(t->snap, cap * sizeof *nb);
+    if (!nb) {
+      c->failed = true;
+      return;
+    }
+    t->snap = nb;
+    t->cap_snap = cap;
+  }
+  tag_bytes *x = &t->snap[t->n_snap++];
+  snprintf(x->layer, sizeof x->layer, "%s", layer);
+  x->role = role;
+  x->bytes = bytes;
+}
+
+/* Who holds the bytes now, kept as the breakdown at the peak when in_use is
+ * the highest seen so far (the runtime allocates everything at create, so
+ * that is the moment after alloc_all; a later rise retakes it). A failed
+ * snapshot keeps the previous one. */
+static void snapshot_if_peak(gs_train *t) {
+  gs_alloc_stats st;
+  gs_alloc_stats_get(t->a, &st);
+  if (t->snap && st.in_use <= t->snap_total) return;
+  size_t keep = t->n_snap;
+  t->n_snap = 0;
+  snap_ctx c = {.t = t};
+  gs_alloc_foreach_tag(t->a, snap_one, &c);
+  if (c.failed) {
+    t->n_snap = keep;
+    return;
+  }
+  t->snap_total = st.in_use;
+}
+
+/* Append one step's peak; past GS_TRAIN_TIMELINE_MAX entries, neighbours
+ * merge pairwise and each entry then covers twice the steps. */
+static void timeline_push(gs_train *t, uint64_t step, uint64_t peak) {
+  if (t->tl_stride == 0) t->tl_stride = 1;
+  if (peak > t->tl_open_peak) t->tl_open_peak = peak;
+  t->tl_open_step = step;
+  if (++t->tl_open_n < t->tl_stride) return;
+  if (t->tl_n == GS_TRAIN_TIMELINE_MAX) {
+    for (uint32_t i = 0; i < GS_TRAIN_TIMELINE_MAX / 2; i++) {
+      uint64_t a = t->tl_peak[2 * i], b = t->tl_peak[2 * i + 1];
+      t->tl_peak[i] = a > b ? a : b;
+      t->tl_step[i] = t->tl_step[2 * i + 1];
+    }
+    t->tl_n = GS_TRAIN_TIMELINE_MAX / 2;
+    t->tl_stride *= 2;
+    /* The open entry just completed covers the old stride: it becomes the
+     * first half of a new, wider entry. */
+    t->tl_open_n = t->tl_stride / 2;
+    return;
+  }
+  t->tl_step[t->tl_n] = t->tl_open_step;
+  t->tl_peak[t->tl_n] = t->tl_open_peak;
+  t->tl_n++;
+  t->tl_open_n = 0;
+  t->tl_open_peak = 0;
+}
+
+static uint64_t job_peak(const gs_train *t) {
+  gs_alloc_stats st;
+  gs_alloc_stats_get(t->a, &st);
+  return st.peak_in_use > t->peak_max ? st.peak_in_use : t->peak_max;
+}
+
+static Gpushare__V1__PlanRow *row_new(const char *layer, const char *kind, const char *shape,
+                                      uint64_t params) {
+  Gpushare__V1__PlanRow *r = malloc(sizeof *r);
+  if (!r) return NULL;
+  gpushare__v1__plan_row__init(r);
+  r->layer = strdup(layer);
+  r->kind = strdup(kind);
+  r->output_shape = strdup(shape);
+  r->has_parameters = true;
+  r->parameters = params;
+  r->has_weights_bytes = r->has_master_bytes = r->has_gradient_bytes = true;
+  r->has_optimizer_bytes = r->has_activation_bytes = r->has_workspace_bytes = true;
+  r->has_batch_bytes = true;
+  if (!r->layer || !r->kind || !r->output_shape) {
+    gpushare__v1__plan_row__free_unpacked(r, NULL);
+    return NULL;
+  }
+  return r;
+}
+
+static void row_add(Gpushare__V1__PlanRow *r, gs_role role, uint64_t bytes) {
+  switch (role) {
+  case GS_ROLE_WEIGHTS: r->weights_bytes += bytes; break;
+  case GS_ROLE_MASTER: r->master_bytes += bytes; break;
+  case GS_ROLE_GRADIENTS: r->gradient_bytes += bytes; break;
+  case GS_ROLE_OPTIMIZER: r->optimizer_bytes += bytes; break;
+  case GS_ROLE_ACTIVATIONS: r->activation_bytes += bytes; break;
+  case GS_ROLE_BATCH: r->batch_bytes += bytes; break;
+  default: r->workspace_bytes += bytes; break;
+  }
+}
+
+int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes,
+                             Gpushare__V1__MemoryTimeline **out) {
+  *out = NULL;
+  Gpushare__V1__MemoryTimeline *tl = malloc(sizeof *tl);
+  if (!tl) return -ENOMEM;
+  gpushare__v1__memory_timeline__init(tl);
+  size_t n_steps = t->tl_n + (t->tl_open_n ? 1 : 0);
+  const gs_model *m = &t->model;
+  if (n_steps) {
+    tl->step = calloc(n_steps, sizeof *tl->step);
+    if (!tl->step) goto fail;
+    for (size_t i = 0; i < n_steps; i++) {
+      Gpushare__V1__MemoryStep *ms = malloc(sizeof *ms);
+      if (!ms) goto fail;
+      gpushare__v1__memory_step__init(ms);
+      ms->has_step = ms->has_peak_in_use_bytes = true;
+      ms->step = i < t->tl_n ? t->tl_step[i] : t->tl_open_step;
+      ms->peak_in_use_bytes = i < t->tl_n ? t->tl_peak[i] : t->tl_open_peak;
+      tl->step[tl->n_step++] = ms;
+    }
+  }
+  /* One row per layer that holds memory, in model order, then "job". */
+  tl->at_peak = calloc((size_t)m->n_layers + 1, sizeof *tl->at_peak);
+  if (!tl->at_peak) goto fail;
+  char sh[64];
+  for (uint32_t i = 0; i <= m->n_layers; i++) {
+    const char *name = i < m->n_layers ? m->layers[i].name : "job";
+    bool any = false;
+    for (size_t j = 0; j < t->n_snap && !any; j++) any = !strcmp(t->snap[j].layer, name);
+    if (!any) continue;
+    Gpushare__V1__PlanRow *r;
+    if (i < m->n_layers)
+      r = row_new(name, gs_layer_kind_name(m->layers[i].kind),
+                  gs_shape_format(&m->layers[i].out, t->r.batch_size, sh, sizeof sh),
+                  m->layers[i].param_count);
+    else
+      r = row_new("job", "job", "", 0);
+    if (!r) goto fail;
+    tl->at_peak[tl->n_at_peak++] = r;
+    for (size_t j = 0; j < t->n_snap; j++)
+      if (!strcmp(t->snap[j].layer, name)) row_add(r, t->snap[j].role, t->snap[j].bytes);
+  }
+  tl->has_peak_bytes = true;
+  tl->peak_bytes = job_peak(t);
+  if (planned_peak_bytes) {
+    tl->has_planned_peak_bytes = true;
+    tl->planned_peak_bytes = planned_peak_bytes;
+  }
+  *out = tl;
+  return 0;
+fail:
+  gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+  return -ENOMEM;
+}
+
 /* ------------------------------------------------------------------- run --- */
 
-static void progress(gs_train *t) {
+static void progress(gs_train *t, uint64_t step_peak) {
   if (!t->opt.on_step) return;
   gs_alloc_stats st;
   gs_alloc_stats_get(t->a, &st);
@@ -1060,6 +1315,7 @@ static void progress(gs_train *t) {
       .loss_scale = t->scale_host,
       .skipped_steps = (uint64_t)t->skipped_host,
       .memory_in_use = st.in_use,
+      .memory_peak_step = step_peak,
   };
   t->opt.on_step(t->opt.user, &p);
 }
@@ -1076,8 +1332,6 @@ static int end_epoch(gs_train *t, gs_err *e) {
   t->last_epoch_loss = t->epoch_steps ? (float)(t->epoch_loss_sum / (double)t->epoch_steps)
                                       : t->last_step_loss;
   if (t->opt.on_epoch) {
-    gs_alloc_stats st;
-    gs_alloc_stats_get(t->a, &st);
     gs_train_epoch m = {
         .epoch = t->epoch + 1,
         .step = t->step,
@@ -1086,7 +1340,7 @@ static int end_epoch(gs_train *t, gs_err *e) {
         .test_accuracy = t->test_acc,
         .samples_per_second =
             t->epoch_time > 0 ? (float)((double)t->epoch_samples / t->epoch_time) : 0.0f,
-        .peak_memory_bytes = st.peak_in_use,
+        .peak_memory_bytes = job_peak(t),
         .loss_scale = t->scale_host,
         .skipped_steps = (uint64_t)t->skipped_host,
     };
@@ -1112,8 +1366,19 @@ int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
       t->finished = true;
       break;
     }
-    if ((rc = do_step(t, e))) return rc;
-    progress(t);
+    /* The step's own peak: keep the job's peak so far, reset the
+     * allocator's, read it back after the step. */
+    gs_alloc_stats st;
+    gs_alloc_stats_get(t->a, &st);
+    if (st.peak_in_use > t->peak_max) t->peak_max = st.peak_in_use;
+    gs_alloc_reset_peak(t->a);
+    rc = do_step(t, e);
+    gs_alloc_stats_get(t->a, &st);
+    if (st.peak_in_use > t->peak_max) t->peak_max = st.peak_in_use;
+    if (rc) return rc;
+    timeline_push(t, t->step, st.peak_in_use);
+    snapshot_if_peak(t);
+    progress(t, st.peak_in_use);
     bool epoch_end = t->step_in_epoch == t->steps_per_epoch;
     if (epoch_end && (rc = end_epoch(t, e))) return rc;
     if (!epoch_end && t->opt.checkpoint_path && t->r.checkpoint_every_steps &&
@@ -1153,7 +1418,7 @@ void gs_train_result_get(const gs_train *t, gs_train_result *r) {
   r->test_loss = t->test_loss;
   r->test_accuracy = t->test_acc;
   r->samples_per_second = t->run_time > 0 ? (float)((double)t->run_samples / t->run_time) : 0;
-  r->peak_memory_bytes = st.peak_in_use;
+  r->peak_memory_bytes = st.peak_in_use > t->peak_max ? st.peak_in_use : t->peak_max;
   r->loss_scale = t->scale_host;
   r->skipped_steps = (uint64_t)t->skipped_host;
   r->cancelled = t->cancelled;

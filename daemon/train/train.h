@@ -77,6 +77,8 @@ typedef struct gs_train_progress {
   float loss_scale;       /* current scale (1 unless MIXED_FLOAT16) */
   uint64_t skipped_steps; /* fp16 overflow steps so far */
   uint64_t memory_in_use; /* allocator's in_use */
+  uint64_t memory_peak_step; /* allocator's peak in use during this step (the
+                                runtime resets the peak at each step start) */
 } gs_train_progress;
 
 /* After each epoch (mirrors gpushare.v1.EpochMetrics). */
@@ -136,6 +138,53 @@ typedef struct gs_train_result {
 
 typedef struct gs_train gs_train;
 
+/* ------------------------------------------------- the job's buffer list ---
+ * gs_train_buffers() produces the list of device tensors gs_train_create
+ * allocates, in the order it allocates them. The runtime and the planner
+ * (daemon/plan.h) both call it, so the planner's peak is the allocator's by
+ * construction: same tensors, same workspace queries, same block rounding. */
+typedef enum gs_train_slot {
+  GS_TSLOT_WEIGHTS = 0, /* per parameter: working copy (dt) */
+  GS_TSLOT_MASTER,      /* per parameter, mixed only: fp32 master */
+  GS_TSLOT_GRADIENT,    /* per parameter: fp32 gradient */
+  GS_TSLOT_MOMENT1,     /* per parameter: SGD momentum / Adam m */
+  GS_TSLOT_MOMENT2,     /* per parameter: Adam v */
+  GS_TSLOT_OUTPUT,      /* per layer (not Flatten): its saved output */
+  GS_TSLOT_IMAGES,      /* job: input batch in dt */
+  GS_TSLOT_IMAGES_F32,  /* job, mixed only: fp32 staging of the batch */
+  GS_TSLOT_LABELS,      /* job: (N) int32 */
+  GS_TSLOT_LOGITS,      /* job, mixed only: (N, K) fp32 logits */
+  GS_TSLOT_DLOGITS,     /* job: (N, K) fp32 */
+  GS_TSLOT_LOSS,        /* job: (N) fp32 per-example loss */
+  GS_TSLOT_PREDICTIONS, /* job: (N) int32 */
+  GS_TSLOT_ACT_GRAD,    /* job: activation-gradient ping-pong (index 0, 1) */
+  GS_TSLOT_OP_WORKSPACE,/* job: op scratch (largest *_workspace query) */
+  GS_TSLOT_LOSS_SCALE,  /* job: loss-scale state block */
+} gs_train_slot;
+
+typedef struct gs_train_buffer {
+  const gs_layer *layer;  /* NULL: a job-wide buffer (tagged "job") */
+  uint32_t index;         /* parameter index (per-parameter slots) or ping-pong index */
+  gs_train_slot slot;
+  gs_role role;
+  char tensor[96];        /* "dense_1.kernel", "dense_1.output", "images", ... */
+  gs_dtype dtype;
+  uint32_t rank;          /* 0: a raw byte count (op workspace, loss-scale block) */
+  uint64_t shape[4];      /* rank dims ((N, ...) for per-example tensors) */
+  uint64_t bytes;         /* what is asked of the allocator */
+  uint64_t block_bytes;   /* gs_alloc_block_size(bytes): what the allocator charges */
+} gs_train_buffer;
+
+/* Calls fn once per buffer for model m with the resolved recipe r (micro-batch,
+ * dtype, optimizer slots) on backend b (its workspace queries).
+ * eval_remainder: the size of the last, partial test micro-batch (test
+ * examples % micro-batch; 0 when there is no test set or it is unknown); the
+ * op scratch covers it too. Stops at and returns fn's first nonzero value;
+ * returns 0 after the last buffer. */
+int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
+                     uint32_t eval_remainder,
+                     int (*fn)(void *user, const gs_train_buffer *buf), void *user);
+
 /* Builds the model (gs_model_build), checks both datasets against it,
  * allocates every tensor from `a`, initialises (or restores from
  * opt->resume_path). `train`/`test` are borrowed and must outlive the job;
@@ -168,6 +217,20 @@ uint64_t gs_train_total_steps(const gs_train *t);
 /* Copy the fp32 master (or, in FLOAT32, the weights) of parameter `param` of
  * layer `layer` to host memory: count floats (= the param's count). */
 int gs_train_read_param(gs_train *t, uint32_t layer, uint32_t param, float *host, size_t count);
+
+/* The job's memory timeline so far (gpushare.v1.MemoryTimeline): the peak in
+ * use of each optimizer step (at most GS_TRAIN_TIMELINE_MAX entries: past
+ * that, neighbouring steps merge, an entry then holds the max over its steps
+ * and the step number of its last one), the bytes by layer and role at the
+ * job's peak (one PlanRow per layer holding memory, then "job"), peak_bytes,
+ * and planned_peak_bytes when planned_peak_bytes > 0. Every part of *out is
+ * malloc'd: free it with gpushare__v1__memory_timeline__free_unpacked(*out,
+ * NULL). Returns 0 or -ENOMEM. The per-step peaks reset the allocator's
+ * peak at each step start: a vdev allocator shared by several jobs reports
+ * the vdev's per-step peak. */
+#define GS_TRAIN_TIMELINE_MAX 512
+int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes,
+                             Gpushare__V1__MemoryTimeline **out);
 
 /* Evaluate the whole test set now (forward only). */
 int gs_train_evaluate(gs_train *t, float *loss, float *accuracy, gs_err *e);
