@@ -1,0 +1,292 @@
+/*
+ * cuda_backend.cu: the `cuda` device of gpushare: opening the plugin,
+ * memory, execs, copies, and the table that ties the ops (cuda_gemm.cu,
+ * cuda_ops.cu) to the contract in backend.h.
+ *
+ * Opening. gs_cuda_backend_open asks the runtime for the device count; no
+ * driver (cudaErrorInsufficientDriver, cudaErrorNoDevice, a stub libcuda)
+ * answers NULL with CUDA's reason, so a machine without a GPU falls back to
+ * the cpu backend. It also fixes the cuBLASLt workspace every GEMM op asks
+ * for in its *_workspace query: 32 MiB when any device is Hopper (sm_90) or
+ * newer, as NVIDIA recommends there, 4 MiB otherwise.
+ *
+ * Memory. A region is a plain cudaMalloc (never managed memory, which can
+ * hang a GPU when oversubscribed), released with cudaFree. cudaMalloc
+ * returns 256-byte aligned pointers, which the vdev allocator requires.
+ * device_memory is cudaMemGetInfo on that device.
+ *
+ * Execs. One job = one non-blocking stream + one cuBLASLt handle + a small
+ * cache of matmul plans. Every op of the job is queued on that stream, so
+ * ops return before they finish; synchronize is cudaStreamSynchronize, and
+ * its return value carries any fault of the job's kernels.
+ *
+ * Copies. copy_in/copy_out are cudaMemcpyAsync on the job's stream. Host
+ * buffers may be pageable (the runtime's batch buffers are plain malloc):
+ * then CUDA stages them, a host-to-device copy has taken its bytes from the
+ * host buffer when the call returns, and a device-to-host copy into
+ * pageable memory returns once the bytes are there. Callers must still call
+ * synchronize before reading what copy_out wrote (the training runtime
+ * does): with pinned buffers the copy would be truly asynchronous.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <new>
+
+#include "cuda_internal.h"
+#include "loader.h"
+
+#define GS_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+size_t gs_cuda_lt_workspace = (size_t)4 << 20;
+
+/* ---- the checker ---- */
+
+int gs_cuda__check(cudaError_t e, const char *what, const char *file, int line) {
+  if (e == cudaSuccess)
+    return 0;
+  fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorName(e),
+          cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
+}
+
+int gs_cuda__check_lt(cublasStatus_t s, const char *what, const char *file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return 0;
+  fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what,
+          cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+  if (s == CUBLAS_STATUS_ALLOC_FAILED)
+    return -ENOMEM;
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED)
+    return -ENOTSUP;
+  return -EIO;
+}
+
+int gs_cuda_enter(gs_exec *ex) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == ex->device)
+    return 0;
+  return GS_CU(cudaSetDevice(ex->device));
+}
+
+static int cuda_set_device(int device_index) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device_index < 0 || device_index >= count)
+    return -ENODEV;
+  return GS_CU(cudaSetDevice(device_index));
+}
+
+/* ---- device and memory ---- */
+
+static int cuda_device_memory(gs_backend *b, int device_index, uint64_t *total,
+                              uint64_t *free_bytes) {
+  (void)b;
+  int rc = cuda_set_device(device_index);
+  if (rc)
+    return rc;
+  size_t fr = 0, tot = 0;
+  if ((rc = GS_CU(cudaMemGetInfo(&fr, &tot))))
+    return rc;
+  if (total)
+    *total = tot;
+  if (free_bytes)
+    *free_bytes = fr;
+  return 0;
+}
+
+static int cuda_region_reserve(gs_backend *b, int device_index, size_t bytes, void **region) {
+  (void)b;
+  if (bytes == 0)
+    return -EINVAL;
+  int rc = cuda_set_device(device_index);
+  if (rc)
+    return rc;
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError(); /* not sticky: clear it so the job's next check is clean */
+    return -ENOMEM;
+  }
+  if ((rc = GS_CU(e)))
+    return rc;
+  *region = p;
+  return 0;
+}
+
+static void cuda_region_release(gs_backend *b, int device_index, void *region, size_t bytes) {
+  (void)b;
+  (void)bytes;
+  if (!region || cuda_set_device(device_index))
+    return;
+  (void)GS_CU(cudaFree(region)); /* a failure is logged; nothing else to do */
+}
+
+/* ---- execs ---- */
+
+static void cuda_exec_destroy(gs_exec *ex) {
+  if (!ex)
+    return;
+  if (gs_cuda_enter(ex) == 0) {
+    if (ex->stream)
+      (void)GS_CU(cudaStreamSynchronize(ex->stream));
+    gs_cuda_plans_clear(ex);
+    if (ex->lt)
+      (void)GS_LT(cublasLtDestroy(ex->lt));
+    if (ex->stream)
+      (void)GS_CU(cudaStreamDestroy(ex->stream));
+  }
+  delete ex;
+}
+
+static int cuda_exec_create(gs_backend *b, const gs_exec_config *cfg, gs_exec **out) {
+  (void)b;
+  if (!cfg)
+    return -EINVAL;
+  int rc = cuda_set_device(cfg->device_index);
+  if (rc)
+    return rc;
+  gs_exec *ex = new (std::nothrow) gs_exec();
+  if (!ex)
+    return -ENOMEM;
+  memset(ex->plans, 0, sizeof ex->plans);
+  ex->device = cfg->device_index;
+  ex->stream = NULL;
+  ex->lt = NULL;
+  if ((rc = GS_CU(cudaStreamCreateWithFlags(&ex->stream, cudaStreamNonBlocking))))
+    goto fail;
+  if ((rc = GS_LT(cublasLtCreate(&ex->lt))))
+    goto fail;
+  *out = ex;
+  return 0;
+fail:
+  cuda_exec_destroy(ex); /* destroys what was made so far */
+  return rc;
+}
+
+static int cuda_synchronize(gs_exec *ex) {
+  int rc = gs_cuda_enter(ex);
+  return rc ? rc : GS_CU(cudaStreamSynchronize(ex->stream));
+}
+
+static int cuda_copy_in(gs_exec *ex, void *dst, const void *src, size_t bytes) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || !bytes)
+    return rc;
+  return GS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ex->stream));
+}
+
+static int cuda_copy_out(gs_exec *ex, void *dst, const void *src, size_t bytes) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || !bytes)
+    return rc;
+  return GS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ex->stream));
+}
+
+static int cuda_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || !bytes)
+    return rc;
+  return GS_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ex->stream));
+}
+
+static int cuda_zero(gs_exec *ex, void *dst, size_t bytes) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || !bytes)
+    return rc;
+  return GS_CU(cudaMemsetAsync(dst, 0, bytes, ex->stream));
+}
+
+/* ---- the table ---- */
+
+static gs_backend cuda_backend = {
+    /* .name = */ "cuda",
+    /* .impl = */ NULL,
+    /* .device_memory = */ cuda_device_memory,
+    /* .region_reserve = */ cuda_region_reserve,
+    /* .region_release = */ cuda_region_release,
+    /* .exec_create = */ cuda_exec_create,
+    /* .exec_destroy = */ cuda_exec_destroy,
+    /* .synchronize = */ cuda_synchronize,
+    /* .copy_in = */ cuda_copy_in,
+    /* .copy_out = */ cuda_copy_out,
+    /* .copy = */ cuda_copy,
+    /* .zero = */ cuda_zero,
+    /* .dense_workspace = */ gs_cuda_dense_workspace,
+    /* .dense_forward = */ gs_cuda_dense_forward,
+    /* .dense_backward = */ gs_cuda_dense_backward,
+    /* .conv2d_workspace = */ gs_cuda_conv2d_workspace,
+    /* .conv2d_forward = */ gs_cuda_conv2d_forward,
+    /* .conv2d_backward = */ gs_cuda_conv2d_backward,
+    /* .depthwise_workspace = */ gs_cuda_depthwise_workspace,
+    /* .depthwise_forward = */ gs_cuda_depthwise_forward,
+    /* .depthwise_backward = */ gs_cuda_depthwise_backward,
+    /* .maxpool_forward = */ gs_cuda_maxpool_forward,
+    /* .maxpool_backward = */ gs_cuda_maxpool_backward,
+    /* .gap_forward = */ gs_cuda_gap_forward,
+    /* .gap_backward = */ gs_cuda_gap_backward,
+    /* .relu_forward = */ gs_cuda_relu_forward,
+    /* .relu_backward = */ gs_cuda_relu_backward,
+    /* .xent_forward_backward = */ gs_cuda_xent,
+    /* .cast = */ gs_cuda_cast,
+    /* .unscale_check = */ gs_cuda_unscale_check,
+    /* .loss_scale_update = */ gs_cuda_loss_scale_update,
+    /* .sgd_step = */ gs_cuda_sgd_step,
+    /* .adam_step = */ gs_cuda_adam_step,
+};
+
+static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {
+  if (why && why_len)
+    snprintf(why, why_len, fmt, a, b);
+}
+
+/* The backend, or NULL and why: no driver, no device, a driver older than
+ * this runtime. Safe to call more than once (the table is static). */
+GS_CUDA_EXPORT gs_backend *gs_cuda_backend_open(char *why, size_t why_len) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    const char *kind = (e == cudaErrorNoDevice) ? "no CUDA device: %s (%s)"
+                                                : "CUDA driver not available: %s (%s)";
+    say(why, why_len, kind, cudaGetErrorString(e), cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  if (count == 0) {
+    say(why, why_len, "no CUDA device: %s%s", "the driver reports 0 GPUs", "");
+    return NULL;
+  }
+  size_t ws = (size_t)4 << 20;
+  for (int i = 0; i < count; i++) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess &&
+        major >= 9)
+      ws = (size_t)32 << 20;
+  }
+  gs_cuda_lt_workspace = ws;
+  return &cuda_backend;
+}
+
+/* GPU `index`: 0 and *out, or -ENODEV past the last one. */
+GS_CUDA_EXPORT int gs_cuda_plugin_device_info(int index, gs_gpu_info *out) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -ENODEV;
+  }
+  if (index < 0 || index >= count || !out)
+    return -ENODEV;
+  cudaDeviceProp p;
+  int rc = GS_CU(cudaGetDeviceProperties(&p, index));
+  if (rc)
+    return rc;
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->major = p.major;
+  out->minor = p.minor;
+  out->total_bytes = p.totalGlobalMem;
+  out->multiprocessors = p.multiProcessorCount;
+  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, index) != cudaSuccess)
+    out->pci_bus_id[0] = '\0';
+  return 0;
+}

@@ -1,0 +1,923 @@
+/*
+ * gpu_cases.c: every op of the CUDA backend against the CPU backend (see
+ * gpu_cases.h for how a case reports).
+ *
+ * Inputs are random values exactly representable in the storage type, so
+ * both backends start from the same numbers; shapes are odd (unaligned
+ * leading dimensions, stride 2 SAME and VALID, 1x1 and 5x5 windows) so the
+ * GEMM plans meet unaligned operands and the window kernels meet padding.
+ * Weight and bias gradients start from the same non-zero values on both
+ * sides, so accumulation (+=) is checked, not just the sum.
+ *
+ * Tolerances, abs + |ref| * rel:
+ *  - sums of K products (GEMMs, conv, depthwise): the two devices add in a
+ *    different order (and the GPU fuses multiply-adds), so abs = K * 2^-20
+ *    and rel = 2^-16 for fp32 results; a result stored in 16 bits may land
+ *    one rounding step apart, so it adds eps(dt) to abs and rel = 2 eps(dt)
+ *    (eps: 2^-10 for fp16, 2^-7 for bf16). Weight gradients are fp32 sums
+ *    of exact products, so they take the fp32 pair with K the batch extent;
+ *  - relu, casts, max pool forward, unscale and the loss-scale machine:
+ *    bit for bit (max pool backward through 16 bits: the CPU rounds each
+ *    overlapping window's addition, so eps(dt) abs and 2 eps(dt) rel);
+ *  - global average pool: same order of additions, abs = HW * 2^-24;
+ *  - cross-entropy: abs 1e-5 and rel 1e-5 for the loss (expf/logf differ in
+ *    the last bit), rel 1e-5 for the gradient, argmax exact (ties too);
+ *  - SGD/Adam: rel 1e-6, abs 1e-7 (fused multiply-adds);
+ *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
+ *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
+ *    steps), and the loss must fall on both devices.
+ */
+#include "gpu_cases.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader.h"
+
+/* ---- environment ---- */
+
+int gs_gpu_env_open(gs_gpu_env *env) {
+  memset(env, 0, sizeof *env);
+  env->cpu = gs_backend_cpu();
+  gs_exec_config ccfg = {.threads = 2, .device_index = 0};
+  if (env->cpu->exec_create(env->cpu, &ccfg, &env->cex)) {
+    snprintf(env->why, sizeof env->why, "cannot create a cpu exec");
+    return -ENOMEM;
+  }
+  env->gpu = gs_backend_cuda_load(env->why, sizeof env->why);
+  if (!env->gpu) {
+    env->cpu->exec_destroy(env->cex);
+    env->cex = NULL;
+    return -ENODEV;
+  }
+  gs_exec_config gcfg = {.threads = 1, .device_index = 0};
+  int rc = env->gpu->exec_create(env->gpu, &gcfg, &env->gex);
+  if (rc) {
+    snprintf(env->why, sizeof env->why, "cannot create an exec on GPU 0 (%d)", rc);
+    env->cpu->exec_destroy(env->cex);
+    env->cex = NULL;
+    return -ENODEV;
+  }
+  return 0;
+}
+
+void gs_gpu_env_close(gs_gpu_env *env) {
+  if (env->gex)
+    env->gpu->exec_destroy(env->gex);
+  if (env->cex)
+    env->cpu->exec_destroy(env->cex);
+  env->gex = env->cex = NULL;
+}
+
+/* ---- per-case context: host and device buffers, freed together ---- */
+
+#define TC_MAX 48
+
+typedef struct tc {
+  gs_gpu_env *e;
+  void *dev[TC_MAX];
+  size_t dbytes[TC_MAX];
+  int nd;
+  void *host[TC_MAX];
+  int nh;
+  int err;       /* first device error */
+  int bad;       /* mismatching elements */
+  char *msg;
+  size_t len;
+  gs_dtype dt;
+} tc;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) { /* [-1, 1) */
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (float)((double)(rng >> 11) * 0x1p-52 - 1.0);
+}
+
+static float round_dt(gs_dtype dt, float v) {
+  if (dt == GS_F16)
+    return gs_f16_to_f32(gs_f32_to_f16(v));
+  if (dt == GS_BF16)
+    return gs_bf16_to_f32(gs_f32_to_bf16(v));
+  return v;
+}
+
+static double eps_dt(gs_dtype dt) {
+  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
+}
+
+static float get_dt(gs_dtype dt, const void *p, size_t i) {
+  if (dt == GS_F32)
+    return ((const float *)p)[i];
+  if (dt == GS_F16)
+    return gs_f16_to_f32(((const uint16_t *)p)[i]);
+  return gs_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static void set_dt(gs_dtype dt, void *p, size_t i, float v) {
+  if (dt == GS_F32)
+    ((float *)p)[i] = v;
+  else if (dt == GS_F16)
+    ((uint16_t *)p)[i] = gs_f32_to_f16(v);
+  else
+    ((uint16_t *)p)[i] = gs_f32_to_bf16(v);
+}
+
+static void fail(tc *t, const char *fmt, ...) {
+  t->bad++;
+  if (t->bad > 1 || !t->msg || !t->len)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->msg, t->len, fmt, ap);
+  va_end(ap);
+}
+
+static void *halloc(tc *t, size_t bytes) {
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (!p || t->nh == TC_MAX) {
+    free(p);
+    if (!t->err)
+      t->err = -ENOMEM;
+    return NULL;
+  }
+  t->host[t->nh++] = p;
+  return p;
+}
+
+/* host array of count random dt-exact values in [-scale, scale) */
+static void *hrand(tc *t, gs_dtype dt, size_t count, float scale) {
+  void *p = halloc(t, count * gs_dtype_size(dt));
+  if (p)
+    for (size_t i = 0; i < count; i++)
+      set_dt(dt, p, i, urand() * scale);
+  return p;
+}
+
+/* a device copy of host (bytes), or an empty device buffer when host is NULL */
+static void *dput(tc *t, const void *host, size_t bytes) {
+  if (t->err || t->nd == TC_MAX) {
+    if (!t->err)
+      t->err = -ENOMEM;
+    return NULL;
+  }
+  gs_backend *g = t->e->gpu;
+  void *d = NULL;
+  size_t rb = bytes ? bytes : 256;
+  int rc = g->region_reserve(g, 0, rb, &d);
+  if (!rc && host && bytes)
+    rc = g->copy_in(t->e->gex, d, host, bytes);
+  if (rc) {
+    t->err = rc;
+    return NULL;
+  }
+  t->dev[t->nd] = d;
+  t->dbytes[t->nd++] = rb;
+  return d;
+}
+
+/* host copy of a device buffer */
+static void *dget(tc *t, const void *d, size_t bytes) {
+  void *h = halloc(t, bytes);
+  if (!h || t->err)
+    return h;
+  int rc = t->e->gpu->copy_out(t->e->gex, h, d, bytes);
+  if (!rc)
+    rc = t->e->gpu->synchronize(t->e->gex);
+  if (rc)
+    t->err = rc;
+  return h;
+}
+
+static void *hdup(tc *t, const void *p, size_t bytes) {
+  void *h = halloc(t, bytes);
+  if (h && p)
+    memcpy(h, p, bytes);
+  return h;
+}
+
+static int tc_end(tc *t) {
+  if (t->e->gex)
+    t->e->gpu->synchronize(t->e->gex);
+  for (int i = 0; i < t->nd; i++)
+    t->e->gpu->region_release(t->e->gpu, 0, t->dev[i], t->dbytes[i]);
+  for (int i = 0; i < t->nh; i++)
+    free(t->host[i]);
+  if (t->err) {
+    if (t->msg && t->len && !t->bad)
+      snprintf(t->msg, t->len, "a backend call failed (%d)", t->err);
+    return t->err;
+  }
+  return t->bad;
+}
+
+static void tc_call(tc *t, const char *what, int rc) {
+  if (rc && !t->err) {
+    t->err = rc;
+    if (t->msg && t->len)
+      snprintf(t->msg, t->len, "%s returned %d", what, rc);
+  }
+}
+
+/* compare count elements of dt (ref from the CPU, got from the GPU) */
+static void cmp(tc *t, const char *what, gs_dtype dt, const void *ref, const void *got,
+                size_t count, double atol, double rtol) {
+  if (t->err || !ref || !got)
+    return;
+  for (size_t i = 0; i < count; i++) {
+    double r = get_dt(dt, ref, i), g = get_dt(dt, got, i);
+    double tol = atol + fabs(r) * rtol;
+    bool ok = fabs(g - r) <= tol || (isnan(r) && isnan(g));
+    if (!ok)
+      fail(t, "%s %s[%zu]: gpu %.9g, cpu %.9g (tol %.3g)", gs_dtype_name(t->dt), what, i, g, r,
+           tol);
+  }
+}
+
+static void cmp_bits(tc *t, const char *what, const void *ref, const void *got, size_t bytes,
+                     size_t esz) {
+  if (t->err || !ref || !got)
+    return;
+  for (size_t i = 0; i < bytes / esz; i++)
+    if (memcmp((const char *)ref + i * esz, (const char *)got + i * esz, esz)) {
+      uint32_t r = 0, g = 0;
+      memcpy(&r, (const char *)ref + i * esz, esz);
+      memcpy(&g, (const char *)got + i * esz, esz);
+      fail(t, "%s %s[%zu]: gpu bits 0x%x, cpu bits 0x%x", gs_dtype_name(t->dt), what, i, g, r);
+    }
+}
+
+/* tolerance of a sum of k products stored in out_dt */
+static void tol_sum(gs_dtype out_dt, size_t k, double *atol, double *rtol) {
+  *atol = (double)k * 0x1p-20 + (out_dt == GS_F32 ? 0.0 : eps_dt(out_dt));
+  *rtol = out_dt == GS_F32 ? 0x1p-16 : 2 * eps_dt(out_dt);
+}
+
+#define TC_BEGIN(env, dt_, msg_, len_)                                                            \
+  tc T_ = {.e = (env), .msg = (msg_), .len = (len_), .dt = (dt_)};                                \
+  tc *t = &T_;                                                                                    \
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;                                                      \
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;                                                       \
+  if (msg_ && len_)                                                                               \
+    msg_[0] = '\0'
+
+/* ---- dense ---- */
+
+static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt);
+  void *x = hrand(t, dt, (size_t)n * c, 1), *w = hrand(t, dt, (size_t)c * oc, 1);
+  void *b = hrand(t, dt, oc, 1), *dout = hrand(t, dt, (size_t)n * oc, 1);
+  float *dw0 = hrand(t, GS_F32, (size_t)c * oc, 1), *db0 = hrand(t, GS_F32, oc, 1);
+  size_t cws = C->dense_workspace(dt, n, c, oc), gws = G->dense_workspace(dt, n, c, oc);
+  void *cw = halloc(t, cws), *out = halloc(t, (size_t)n * oc * es);
+  void *out2 = halloc(t, (size_t)n * oc * es), *din = halloc(t, (size_t)n * c * es);
+  float *dw = hdup(t, dw0, (size_t)c * oc * 4), *db = hdup(t, db0, (size_t)oc * 4);
+  if (t->err)
+    return;
+  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out, x, w, b, n, c, oc, cw));
+  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out2, x, w, NULL, n, c, oc, cw));
+  tc_call(t, "cpu dense_backward",
+          C->dense_backward(CX, dt, din, dw, db, dout, x, w, n, c, oc, cw));
+  void *gx = dput(t, x, (size_t)n * c * es), *gw = dput(t, w, (size_t)c * oc * es);
+  void *gb = dput(t, b, oc * es), *gdout = dput(t, dout, (size_t)n * oc * es);
+  void *gout = dput(t, NULL, (size_t)n * oc * es), *gout2 = dput(t, NULL, (size_t)n * oc * es);
+  void *gdin = dput(t, NULL, (size_t)n * c * es), *gwsp = dput(t, NULL, gws);
+  float *gdw = dput(t, dw0, (size_t)c * oc * 4), *gdb = dput(t, db0, (size_t)oc * 4);
+  if (t->err)
+    return;
+  tc_call(t, "gpu dense_forward", G->dense_forward(GX, dt, gout, gx, gw, gb, n, c, oc, gwsp));
+  tc_call(t, "gpu dense_forward",
+          G->dense_forward(GX, dt, gout2, gx, gw, NULL, n, c, oc, gwsp));
+  tc_call(t, "gpu dense_backward",
+          G->dense_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, n, c, oc, gwsp));
+  double a, r;
+  tol_sum(dt, c, &a, &r);
+  cmp(t, "dense out", dt, out, dget(t, gout, (size_t)n * oc * es), (size_t)n * oc, a, r);
+  cmp(t, "dense out (no bias)", dt, out2, dget(t, gout2, (size_t)n * oc * es), (size_t)n * oc, a,
+      r);
+  tol_sum(dt, oc, &a, &r);
+  cmp(t, "dense din", dt, din, dget(t, gdin, (size_t)n * c * es), (size_t)n * c, a, r);
+  tol_sum(GS_F32, n, &a, &r);
+  cmp(t, "dense dw", GS_F32, dw, dget(t, gdw, (size_t)c * oc * 4), (size_t)c * oc, a, r);
+  cmp(t, "dense db", GS_F32, db, dget(t, gdb, (size_t)oc * 4), oc, a, r);
+}
+
+static int case_dense(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  dense_one(t, dt, 37, 45, 29); /* odd: unaligned rows */
+  dense_one(t, dt, 64, 128, 96);
+  dense_one(t, dt, 1, 7, 3);
+  return tc_end(t);
+}
+
+/* ---- conv2d and depthwise ---- */
+
+static gs_conv_shape shape(uint32_t n, uint32_t h, uint32_t w, uint32_t c, uint32_t k,
+                           uint32_t stride, bool same, uint32_t f) {
+  gs_conv_shape s = {.n = n, .h = h, .w = w, .c = c, .kh = k, .kw = k, .stride = stride,
+                     .same = same, .f = f};
+  gs_conv_shape_init(&s);
+  return s;
+}
+
+static void conv_one(tc *t, gs_dtype dt, gs_conv_shape s, bool depthwise) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt);
+  size_t nx = (size_t)s.n * s.h * s.w * s.c, ny = (size_t)s.n * s.oh * s.ow * s.f;
+  size_t nw = depthwise ? (size_t)s.kh * s.kw * s.c : (size_t)s.kh * s.kw * s.c * s.f;
+  size_t nb = s.f;
+  void *x = hrand(t, dt, nx, 1), *w = hrand(t, dt, nw, 1), *b = hrand(t, dt, nb, 1);
+  void *dout = hrand(t, dt, ny, 1);
+  float *dw0 = hrand(t, GS_F32, nw, 1), *db0 = hrand(t, GS_F32, nb, 1);
+  size_t cws = depthwise ? C->depthwise_workspace(dt, &s) : C->conv2d_workspace(dt, &s);
+  size_t gws = depthwise ? G->depthwise_workspace(dt, &s) : G->conv2d_workspace(dt, &s);
+  void *cw = halloc(t, cws), *out = halloc(t, ny * es), *din = halloc(t, nx * es);
+  float *dw = hdup(t, dw0, nw * 4), *db = hdup(t, db0, nb * 4);
+  void *gx = dput(t, x, nx * es), *gw = dput(t, w, nw * es), *gb = dput(t, b, nb * es);
+  void *gdout = dput(t, dout, ny * es), *gout = dput(t, NULL, ny * es);
+  void *gdin = dput(t, NULL, nx * es), *gwsp = gws ? dput(t, NULL, gws) : NULL;
+  float *gdw = dput(t, dw0, nw * 4), *gdb = dput(t, db0, nb * 4);
+  if (t->err)
+    return;
+  if (depthwise) {
+    tc_call(t, "cpu depthwise_forward", C->depthwise_forward(CX, dt, out, x, w, b, &s, cw));
+    tc_call(t, "cpu depthwise_backward",
+            C->depthwise_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
+    tc_call(t, "gpu depthwise_forward", G->depthwise_forward(GX, dt, gout, gx, gw, gb, &s, gwsp));
+    tc_call(t, "gpu depthwise_backward",
+            G->depthwise_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
+  } else {
+    tc_call(t, "cpu conv2d_forward", C->conv2d_forward(CX, dt, out, x, w, b, &s, cw));
+    tc_call(t, "cpu conv2d_backward",
+            C->conv2d_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
+    tc_call(t, "gpu conv2d_forward", G->conv2d_forward(GX, dt, gout, gx, gw, gb, &s, gwsp));
+    tc_call(t, "gpu conv2d_backward",
+            G->conv2d_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
+  }
+  const char *nm = depthwise ? "depthwise" : "conv2d";
+  char what[64];
+  size_t taps = (size_t)s.kh * s.kw;
+  double a, r;
+  tol_sum(dt, depthwise ? taps : taps * s.c, &a, &r);
+  snprintf(what, sizeof what, "%s out", nm);
+  cmp(t, what, dt, out, dget(t, gout, ny * es), ny, a, r);
+  tol_sum(dt, depthwise ? taps : taps * s.f, &a, &r);
+  snprintf(what, sizeof what, "%s din", nm);
+  cmp(t, what, dt, din, dget(t, gdin, nx * es), nx, a, r);
+  tol_sum(GS_F32, (size_t)s.n * s.oh * s.ow, &a, &r);
+  snprintf(what, sizeof what, "%s dw", nm);
+  cmp(t, what, GS_F32, dw, dget(t, gdw, nw * 4), nw, a, r);
+  snprintf(what, sizeof what, "%s db", nm);
+  cmp(t, what, GS_F32, db, dget(t, gdb, nb * 4), nb, a, r);
+}
+
+static int case_conv2d(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  conv_one(t, dt, shape(2, 9, 7, 3, 3, 1, true, 8), false);
+  conv_one(t, dt, shape(3, 8, 8, 5, 3, 2, false, 6), false);
+  conv_one(t, dt, shape(2, 6, 5, 16, 1, 1, true, 12), false); /* pointwise */
+  conv_one(t, dt, shape(1, 11, 10, 4, 5, 2, true, 7), false);
+  return tc_end(t);
+}
+
+static int case_depthwise(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  conv_one(t, dt, shape(2, 9, 7, 13, 3, 1, true, 13), true);
+  conv_one(t, dt, shape(2, 10, 9, 40, 5, 2, true, 40), true);
+  conv_one(t, dt, shape(3, 8, 8, 8, 3, 2, false, 8), true);
+  return tc_end(t);
+}
+
+/* ---- pools ---- */
+
+static void maxpool_one(tc *t, gs_dtype dt, gs_conv_shape s) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  gs_conv_shape v = s;
+  v.same = false;
+  gs_conv_shape_init(&v);
+  size_t es = gs_dtype_size(dt), nx = (size_t)s.n * s.h * s.w * s.c;
+  size_t ny = (size_t)v.n * v.oh * v.ow * v.c;
+  void *x = halloc(t, nx * es);
+  if (!x)
+    return;
+  for (size_t i = 0; i < nx; i++) /* few levels: many ties, the first maximum matters */
+    set_dt(dt, x, i, floorf(urand() * 4.0f) / 4.0f);
+  void *dout = hrand(t, dt, ny, 1), *out = halloc(t, ny * es), *din = halloc(t, nx * es);
+  void *gx = dput(t, x, nx * es), *gdout = dput(t, dout, ny * es);
+  void *gout = dput(t, NULL, ny * es), *gdin = dput(t, NULL, nx * es);
+  if (t->err)
+    return;
+  tc_call(t, "cpu maxpool_forward", C->maxpool_forward(CX, dt, out, x, &s));
+  tc_call(t, "cpu maxpool_backward", C->maxpool_backward(CX, dt, din, dout, x, &s));
+  tc_call(t, "gpu maxpool_forward", G->maxpool_forward(GX, dt, gout, gx, &s));
+  tc_call(t, "gpu maxpool_backward", G->maxpool_backward(GX, dt, gdin, gdout, gx, &s));
+  cmp_bits(t, "maxpool out", out, dget(t, gout, ny * es), ny * es, es);
+  cmp(t, "maxpool din", dt, din, dget(t, gdin, nx * es), nx, dt == GS_F32 ? 0.0 : eps_dt(dt),
+      dt == GS_F32 ? 0.0 : 2 * eps_dt(dt));
+}
+
+static int case_maxpool(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  maxpool_one(t, dt, shape(2, 8, 8, 5, 2, 2, false, 5));
+  maxpool_one(t, dt, shape(2, 9, 9, 3, 3, 2, true, 3)); /* overlapping; same is ignored */
+  maxpool_one(t, dt, shape(1, 7, 6, 33, 3, 1, false, 33));
+  return tc_end(t);
+}
+
+static void gap_one(tc *t, gs_dtype dt, uint32_t n, uint32_t h, uint32_t w, uint32_t c) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt), nx = (size_t)n * h * w * c, ny = (size_t)n * c;
+  void *x = hrand(t, dt, nx, 1), *dout = hrand(t, dt, ny, 1);
+  void *out = halloc(t, ny * es), *din = halloc(t, nx * es);
+  void *gx = dput(t, x, nx * es), *gdout = dput(t, dout, ny * es);
+  void *gout = dput(t, NULL, ny * es), *gdin = dput(t, NULL, nx * es);
+  if (t->err)
+    return;
+  tc_call(t, "cpu gap_forward", C->gap_forward(CX, dt, out, x, n, h, w, c));
+  tc_call(t, "cpu gap_backward", C->gap_backward(CX, dt, din, dout, n, h, w, c));
+  tc_call(t, "gpu gap_forward", G->gap_forward(GX, dt, gout, gx, n, h, w, c));
+  tc_call(t, "gpu gap_backward", G->gap_backward(GX, dt, gdin, gdout, n, h, w, c));
+  double a = (double)h * w * 0x1p-24;
+  cmp(t, "gap out", dt, out, dget(t, gout, ny * es), ny, a, 0x1p-22);
+  cmp(t, "gap din", dt, din, dget(t, gdin, nx * es), nx, 0x1p-24, 0x1p-22);
+}
+
+static int case_gap(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  gap_one(t, dt, 3, 5, 7, 19);
+  gap_one(t, dt, 2, 1, 1, 64);
+  gap_one(t, dt, 4, 14, 14, 40);
+  return tc_end(t);
+}
+
+/* ---- relu ---- */
+
+static int case_relu(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 4099, es = gs_dtype_size(dt);
+  void *x = hrand(t, dt, n, 2);
+  void *dout = hrand(t, dt, n, 1);
+  if (!x || !dout)
+    return tc_end(t);
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f,
+                            6e-8f, -6e-8f, 65504.0f, -65504.0f};
+  for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++)
+    set_dt(dt, x, i * 7, specials[i]);
+  void *out = halloc(t, n * es), *din = halloc(t, n * es);
+  void *gx = dput(t, x, n * es), *gdout = dput(t, dout, n * es), *gout = dput(t, NULL, n * es);
+  void *gdin = dput(t, NULL, n * es);
+  if (t->err)
+    return tc_end(t);
+  tc_call(t, "cpu relu_forward", C->relu_forward(CX, dt, out, x, n));
+  tc_call(t, "cpu relu_backward", C->relu_backward(CX, dt, din, dout, out, n));
+  tc_call(t, "gpu relu_forward", G->relu_forward(GX, dt, gout, gx, n));
+  tc_call(t, "gpu relu_backward", G->relu_backward(GX, dt, gdin, gdout, gout, n));
+  cmp_bits(t, "relu out", out, dget(t, gout, n * es), n * es, es);
+  cmp_bits(t, "relu din", din, dget(t, gdin, n * es), n * es, es);
+  /* in place (out aliases in, din aliases dout), as the runtime calls it */
+  tc_call(t, "gpu relu_forward (in place)", G->relu_forward(GX, dt, gx, gx, n));
+  tc_call(t, "gpu relu_backward (in place)", G->relu_backward(GX, dt, gdout, gdout, gx, n));
+  cmp_bits(t, "relu out (in place)", out, dget(t, gx, n * es), n * es, es);
+  cmp_bits(t, "relu din (in place)", din, dget(t, gdout, n * es), n * es, es);
+  return tc_end(t);
+}
+
+/* ---- softmax cross-entropy ---- */
+
+static void xent_one(tc *t, uint32_t n, uint32_t k) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  float *x = hrand(t, GS_F32, (size_t)n * k, 8);
+  int32_t *lab = halloc(t, n * 4u);
+  if (!x || !lab)
+    return;
+  for (uint32_t i = 0; i < n; i++) {
+    urand();
+    lab[i] = (int32_t)((rng >> 17) % k);
+  }
+  for (uint32_t j = 0; j < k; j++) /* row 0: all equal, argmax is 0 */
+    x[j] = 0.5f;
+  if (n > 1 && k > 3) { /* row 1: a tie for the maximum at 1 and k-1 */
+    x[k + 1] = 20.0f;
+    x[k + k - 1] = 20.0f;
+  }
+  float scale = 4.0f, norm = (float)n;
+  float *loss = halloc(t, n * 4u), *dl = halloc(t, (size_t)n * k * 4);
+  int32_t *pred = halloc(t, n * 4u);
+  float *gx = dput(t, x, (size_t)n * k * 4), *gscale = dput(t, &scale, 4);
+  int32_t *glab = dput(t, lab, n * 4u), *gpred = dput(t, NULL, n * 4u);
+  float *gloss = dput(t, NULL, n * 4u), *gdl = dput(t, NULL, (size_t)n * k * 4);
+  if (t->err)
+    return;
+  tc_call(t, "cpu xent", C->xent_forward_backward(CX, loss, pred, dl, x, lab, n, k, &scale, norm));
+  tc_call(t, "gpu xent",
+          G->xent_forward_backward(GX, gloss, gpred, gdl, gx, glab, n, k, gscale, norm));
+  cmp(t, "xent loss", GS_F32, loss, dget(t, gloss, n * 4u), n, 1e-5, 1e-5);
+  cmp_bits(t, "xent pred", pred, dget(t, gpred, n * 4u), n * 4u, 4);
+  cmp(t, "xent dlogits", GS_F32, dl, dget(t, gdl, (size_t)n * k * 4), (size_t)n * k, 1e-7, 1e-5);
+  /* without pred and dlogits, and with no grad_scale */
+  tc_call(t, "cpu xent (loss only)",
+          C->xent_forward_backward(CX, loss, NULL, NULL, x, lab, n, k, NULL, norm));
+  tc_call(t, "gpu xent (loss only)",
+          G->xent_forward_backward(GX, gloss, NULL, NULL, gx, glab, n, k, NULL, norm));
+  cmp(t, "xent loss (loss only)", GS_F32, loss, dget(t, gloss, n * 4u), n, 1e-5, 1e-5);
+}
+
+static int case_xent(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  xent_one(t, 37, 10);
+  xent_one(t, 5, 1000);
+  xent_one(t, 300, 3);
+  return tc_end(t);
+}
+
+/* ---- casts ---- */
+
+static int case_cast(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  enum { N = 1031 };
+  float *f = halloc(t, N * 4);
+  if (!f)
+    return tc_end(t);
+  for (int i = 0; i < N; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = (uint32_t)(rng >> 32);
+    if (i % 4 == 1) /* near the fp16 range, subnormals included */
+      bits = (bits & 0x87ffffffu) | 0x30000000u;
+    memcpy(&f[i], &bits, 4);
+  }
+  f[0] = NAN, f[1] = INFINITY, f[2] = -0.0f, f[3] = 65520.0f, f[5] = 0x1p-25f, f[6] = -NAN;
+  const gs_dtype all[3] = {GS_F32, GS_F16, GS_BF16};
+  for (int s = 0; s < 3; s++) {
+    /* the source: f as that type (through the CPU's own cast) */
+    void *src = halloc(t, N * gs_dtype_size(all[s]));
+    if (!src)
+      break;
+    tc_call(t, "cpu cast", C->cast(CX, src, all[s], f, GS_F32, N));
+    void *gsrc = dput(t, src, N * gs_dtype_size(all[s]));
+    for (int d = 0; d < 3 && !t->err; d++) {
+      size_t db = N * gs_dtype_size(all[d]);
+      void *ref = halloc(t, db), *gdst = dput(t, NULL, db);
+      if (t->err)
+        break;
+      tc_call(t, "cpu cast", C->cast(CX, ref, all[d], src, all[s], N));
+      tc_call(t, "gpu cast", G->cast(GX, gdst, all[d], gsrc, all[s], N));
+      char what[64];
+      snprintf(what, sizeof what, "cast %s->%s", gs_dtype_name(all[s]), gs_dtype_name(all[d]));
+      cmp_bits(t, what, ref, dget(t, gdst, db), db, gs_dtype_size(all[d]));
+    }
+  }
+  return tc_end(t);
+}
+
+/* ---- mixed precision bookkeeping ---- */
+
+static int case_unscale(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = (1u << 20) + 17;
+  float *g = hrand(t, GS_F32, n, 1000), scale = 512.0f;
+  int32_t found = 0, zero = 0;
+  if (!g)
+    return tc_end(t);
+  float *gg = dput(t, g, n * 4), *gscale = dput(t, &scale, 4);
+  int32_t *gfound = dput(t, &zero, 4);
+  if (t->err)
+    return tc_end(t);
+  tc_call(t, "cpu unscale_check", C->unscale_check(CX, g, n, &scale, &found));
+  tc_call(t, "gpu unscale_check", G->unscale_check(GX, gg, n, gscale, gfound));
+  cmp_bits(t, "unscale g", g, dget(t, gg, n * 4), n * 4, 4);
+  cmp_bits(t, "unscale found_inf (finite)", &found, dget(t, gfound, 4), 4, 4);
+  g[n - 1] = INFINITY; /* the last element, in the grid-stride tail */
+  float *gg2 = dput(t, g, n * 4);
+  if (t->err)
+    return tc_end(t);
+  tc_call(t, "cpu unscale_check", C->unscale_check(CX, g, n, &scale, &found));
+  tc_call(t, "gpu unscale_check", G->unscale_check(GX, gg2, n, gscale, gfound));
+  int32_t *got = dget(t, gfound, 4);
+  if (got && (found != 1 || *got != 1))
+    fail(t, "unscale found_inf: gpu %d, cpu %d, want 1", *got, found);
+  return tc_end(t);
+}
+
+typedef struct ls_state {
+  float scale;
+  int32_t good, found;
+  int32_t pad;
+  int64_t skipped;
+} ls_state;
+
+static int case_loss_scale(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  ls_state c = {.scale = 3.0f, .good = 1}, *gs = dput(t, &c, sizeof c);
+  if (t->err)
+    return tc_end(t);
+  /* overflow steps halve (not below 1) and count; 3 finite ones double */
+  const int32_t pattern[] = {1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1};
+  for (size_t i = 0; i < sizeof pattern / sizeof pattern[0] && !t->err; i++) {
+    c.found = pattern[i];
+    tc_call(t, "gpu copy_in", G->copy_in(GX, &gs->found, &pattern[i], 4));
+    tc_call(t, "cpu loss_scale_update",
+            C->loss_scale_update(CX, &c.scale, &c.good, &c.found, &c.skipped, 3));
+    tc_call(t, "gpu loss_scale_update",
+            G->loss_scale_update(GX, &gs->scale, &gs->good, &gs->found, &gs->skipped, 3));
+    ls_state *g = dget(t, gs, sizeof c);
+    if (g && (g->scale != c.scale || g->good != c.good || g->found != c.found ||
+              g->skipped != c.skipped))
+      fail(t, "loss_scale step %zu: gpu scale %g good %d found %d skipped %lld, cpu %g %d %d %lld",
+           i, g->scale, g->good, g->found, (long long)g->skipped, c.scale, c.good, c.found,
+           (long long)c.skipped);
+  }
+  return tc_end(t);
+}
+
+/* ---- optimizers ---- */
+
+static int case_sgd(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 100003;
+  float *w = hrand(t, GS_F32, n, 1), *g = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 1);
+  int32_t one = 1, zero = 0;
+  float *gw = dput(t, w, n * 4), *gg = dput(t, g, n * 4), *gm = dput(t, m, n * 4);
+  int32_t *gone = dput(t, &one, 4), *gzero = dput(t, &zero, 4);
+  if (t->err)
+    return tc_end(t);
+  for (int nesterov = 0; nesterov < 2; nesterov++) {
+    tc_call(t, "cpu sgd", C->sgd_step(CX, w, g, m, n, 0.1f, 0.9f, nesterov, 0.01f, NULL));
+    tc_call(t, "gpu sgd", G->sgd_step(GX, gw, gg, gm, n, 0.1f, 0.9f, nesterov, 0.01f, gzero));
+  }
+  tc_call(t, "cpu sgd", C->sgd_step(CX, w, g, NULL, n, 0.05f, 0.0f, false, 0.0f, NULL));
+  tc_call(t, "gpu sgd", G->sgd_step(GX, gw, gg, NULL, n, 0.05f, 0.0f, false, 0.0f, NULL));
+  /* skip: nothing moves */
+  tc_call(t, "gpu sgd (skip)", G->sgd_step(GX, gw, gg, gm, n, 0.1f, 0.9f, false, 0.01f, gone));
+  cmp(t, "sgd w", GS_F32, w, dget(t, gw, n * 4), n, 1e-7, 1e-6);
+  cmp(t, "sgd m", GS_F32, m, dget(t, gm, n * 4), n, 1e-7, 1e-6);
+  return tc_end(t);
+}
+
+static int case_adam(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 100003;
+  float *w = hrand(t, GS_F32, n, 1), *g = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 0.1f);
+  float *v = halloc(t, n * 4);
+  int32_t one = 1;
+  if (!v)
+    return tc_end(t);
+  for (size_t i = 0; i < n; i++)
+    v[i] = fabsf(urand()) * 0.01f;
+  float *gw = dput(t, w, n * 4), *gg = dput(t, g, n * 4), *gm = dput(t, m, n * 4);
+  float *gv = dput(t, v, n * 4);
+  int32_t *gone = dput(t, &one, 4);
+  if (t->err)
+    return tc_end(t);
+  for (int dec = 0; dec < 2; dec++) {
+    tc_call(t, "cpu adam",
+            C->adam_step(CX, w, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, dec, 3 + dec, NULL));
+    tc_call(t, "gpu adam", G->adam_step(GX, gw, gg, gm, gv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f,
+                                        dec, 3 + dec, NULL));
+  }
+  tc_call(t, "gpu adam (skip)",
+          G->adam_step(GX, gw, gg, gm, gv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, false, 5, gone));
+  cmp(t, "adam w", GS_F32, w, dget(t, gw, n * 4), n, 1e-7, 1e-6);
+  cmp(t, "adam m", GS_F32, m, dget(t, gm, n * 4), n, 1e-7, 1e-6);
+  cmp(t, "adam v", GS_F32, v, dget(t, gv, n * 4), n, 1e-9, 1e-6);
+  return tc_end(t);
+}
+
+/* ---- the MLP trajectory ---- */
+
+enum { MLP_N = 64, MLP_C = 96, MLP_H = 128, MLP_K = 10 };
+
+typedef struct mlp_bufs {
+  float *x32, *w1, *b1, *w2, *b2, *gw1, *gb1, *gw2, *gb2, *mw1, *mb1, *mw2, *mb2;
+  float *logits, *dlog, *loss, *scale;
+  int32_t *labels, *good, *found;
+  int64_t *skipped;
+  void *x, *w1d, *b1d, *w2d, *b2d, *h1, *lgd, *dlgd, *dh1, *ws;
+} mlp_bufs;
+
+static size_t mlp_ws(gs_backend *b, gs_dtype dt) {
+  size_t a = b->dense_workspace(dt, MLP_N, MLP_C, MLP_H);
+  size_t c = b->dense_workspace(dt, MLP_N, MLP_H, MLP_K);
+  return a > c ? a : c;
+}
+
+/* carve the buffers out of base (NULL: just count); returns the bytes */
+static size_t mlp_carve(gs_backend *b, gs_dtype dt, char *base, mlp_bufs *m) {
+  size_t at = 0, es = gs_dtype_size(dt);
+#define MLP_TAKE(field, bytes)                                                                    \
+  do {                                                                                            \
+    if (base)                                                                                     \
+      m->field = (void *)(base + at);                                                             \
+    at += ((size_t)(bytes) + 255) & ~(size_t)255;                                                 \
+  } while (0)
+  MLP_TAKE(x32, MLP_N * MLP_C * 4);
+  MLP_TAKE(w1, MLP_C * MLP_H * 4);
+  MLP_TAKE(b1, MLP_H * 4);
+  MLP_TAKE(w2, MLP_H * MLP_K * 4);
+  MLP_TAKE(b2, MLP_K * 4);
+  MLP_TAKE(gw1, MLP_C * MLP_H * 4);
+  MLP_TAKE(gb1, MLP_H * 4);
+  MLP_TAKE(gw2, MLP_H * MLP_K * 4);
+  MLP_TAKE(gb2, MLP_K * 4);
+  MLP_TAKE(mw1, MLP_C * MLP_H * 4);
+  MLP_TAKE(mb1, MLP_H * 4);
+  MLP_TAKE(mw2, MLP_H * MLP_K * 4);
+  MLP_TAKE(mb2, MLP_K * 4);
+  MLP_TAKE(logits, MLP_N * MLP_K * 4);
+  MLP_TAKE(dlog, MLP_N * MLP_K * 4);
+  MLP_TAKE(loss, MLP_N * 4);
+  MLP_TAKE(scale, 4);
+  MLP_TAKE(labels, MLP_N * 4);
+  MLP_TAKE(good, 4);
+  MLP_TAKE(found, 4);
+  MLP_TAKE(skipped, 8);
+  MLP_TAKE(x, MLP_N * MLP_C * es);
+  MLP_TAKE(w1d, MLP_C * MLP_H * es);
+  MLP_TAKE(b1d, MLP_H * es);
+  MLP_TAKE(w2d, MLP_H * MLP_K * es);
+  MLP_TAKE(b2d, MLP_K * es);
+  MLP_TAKE(h1, MLP_N * MLP_H * es);
+  MLP_TAKE(lgd, MLP_N * MLP_K * es);
+  MLP_TAKE(dlgd, MLP_N * MLP_K * es);
+  MLP_TAKE(dh1, MLP_N * MLP_H * es);
+  MLP_TAKE(ws, mlp_ws(b, dt));
+#undef MLP_TAKE
+  return at;
+}
+
+size_t gs_gpu_mlp_bytes(gs_backend *b, gs_dtype dt) { return mlp_carve(b, dt, NULL, NULL); }
+
+#define MLP_OP(call)                                                                              \
+  do {                                                                                            \
+    if ((rc = (call)))                                                                            \
+      goto done;                                                                                  \
+  } while (0)
+
+int gs_gpu_mlp_train(gs_backend *b, gs_exec *ex, gs_dtype dt, int steps, gs_gpu_alloc_fn alloc,
+                     void *u, float *losses) {
+  mlp_bufs m;
+  memset(&m, 0, sizeof m);
+  char *base = alloc(u, gs_gpu_mlp_bytes(b, dt));
+  if (!base)
+    return -ENOMEM;
+  mlp_carve(b, dt, base, &m);
+  int rc = 0;
+  /* host side: data, labels (argmax of the first 10 inputs), Glorot weights */
+  uint64_t s = 12345;
+#define MLP_RAND() (s ^= s << 13, s ^= s >> 7, s ^= s << 17, (float)((double)(s >> 11) * 0x1p-52 - 1.0))
+  float *hx = malloc(MLP_N * MLP_C * 4), *hw1 = malloc(MLP_C * MLP_H * 4);
+  float *hw2 = malloc(MLP_H * MLP_K * 4), *hl = malloc(MLP_N * 4);
+  int32_t *hlab = malloc(MLP_N * 4);
+  if (!hx || !hw1 || !hw2 || !hl || !hlab) {
+    rc = -ENOMEM;
+    goto done;
+  }
+  for (int i = 0; i < MLP_N * MLP_C; i++)
+    hx[i] = round_dt(dt, MLP_RAND());
+  for (int i = 0; i < MLP_N; i++) {
+    int arg = 0;
+    for (int j = 1; j < MLP_K; j++)
+      if (hx[i * MLP_C + j] > hx[i * MLP_C + arg])
+        arg = j;
+    hlab[i] = arg;
+  }
+  float g1 = sqrtf(6.0f / (MLP_C + MLP_H)), g2 = sqrtf(6.0f / (MLP_H + MLP_K));
+  for (int i = 0; i < MLP_C * MLP_H; i++)
+    hw1[i] = MLP_RAND() * g1;
+  for (int i = 0; i < MLP_H * MLP_K; i++)
+    hw2[i] = MLP_RAND() * g2;
+#undef MLP_RAND
+  bool fp16 = dt == GS_F16;
+  float scale0 = fp16 ? 32768.0f : 1.0f;
+  int64_t zero64 = 0;
+  MLP_OP(b->copy_in(ex, m.x32, hx, MLP_N * MLP_C * 4));
+  MLP_OP(b->copy_in(ex, m.labels, hlab, MLP_N * 4));
+  MLP_OP(b->copy_in(ex, m.w1, hw1, MLP_C * MLP_H * 4));
+  MLP_OP(b->copy_in(ex, m.w2, hw2, MLP_H * MLP_K * 4));
+  MLP_OP(b->copy_in(ex, m.scale, &scale0, 4));
+  MLP_OP(b->copy_in(ex, m.skipped, &zero64, 8));
+  MLP_OP(b->zero(ex, m.b1, MLP_H * 4));
+  MLP_OP(b->zero(ex, m.b2, MLP_K * 4));
+  MLP_OP(b->zero(ex, m.mw1, MLP_C * MLP_H * 4));
+  MLP_OP(b->zero(ex, m.mb1, MLP_H * 4));
+  MLP_OP(b->zero(ex, m.mw2, MLP_H * MLP_K * 4));
+  MLP_OP(b->zero(ex, m.mb2, MLP_K * 4));
+  MLP_OP(b->zero(ex, m.good, 4));
+  MLP_OP(b->zero(ex, m.found, 4));
+  MLP_OP(b->cast(ex, m.x, dt, m.x32, GS_F32, MLP_N * MLP_C));
+  float *params[4] = {m.w1, m.b1, m.w2, m.b2}, *grads[4] = {m.gw1, m.gb1, m.gw2, m.gb2};
+  float *moms[4] = {m.mw1, m.mb1, m.mw2, m.mb2};
+  void *work[4] = {m.w1d, m.b1d, m.w2d, m.b2d};
+  const size_t counts[4] = {MLP_C * MLP_H, MLP_H, MLP_H * MLP_K, MLP_K};
+  for (int step = 0; step < steps; step++) {
+    for (int p = 0; p < 4; p++) {
+      MLP_OP(b->cast(ex, work[p], dt, params[p], GS_F32, counts[p]));
+      MLP_OP(b->zero(ex, grads[p], counts[p] * 4));
+    }
+    MLP_OP(b->dense_forward(ex, dt, m.h1, m.x, m.w1d, m.b1d, MLP_N, MLP_C, MLP_H, m.ws));
+    MLP_OP(b->relu_forward(ex, dt, m.h1, m.h1, MLP_N * MLP_H));
+    MLP_OP(b->dense_forward(ex, dt, m.lgd, m.h1, m.w2d, m.b2d, MLP_N, MLP_H, MLP_K, m.ws));
+    MLP_OP(b->cast(ex, m.logits, GS_F32, m.lgd, dt, MLP_N * MLP_K));
+    MLP_OP(b->synchronize(ex)); /* the CPU's xent reads the scale directly */
+    MLP_OP(b->xent_forward_backward(ex, m.loss, NULL, m.dlog, m.logits, m.labels, MLP_N, MLP_K,
+                                    fp16 ? m.scale : NULL, (float)MLP_N));
+    MLP_OP(b->cast(ex, m.dlgd, dt, m.dlog, GS_F32, MLP_N * MLP_K));
+    MLP_OP(b->dense_backward(ex, dt, m.dh1, m.gw2, m.gb2, m.dlgd, m.h1, m.w2d, MLP_N, MLP_H, MLP_K,
+                             m.ws));
+    MLP_OP(b->relu_backward(ex, dt, m.dh1, m.dh1, m.h1, MLP_N * MLP_H));
+    MLP_OP(b->dense_backward(ex, dt, NULL, m.gw1, m.gb1, m.dh1, m.x, m.w1d, MLP_N, MLP_C, MLP_H,
+                             m.ws));
+    if (fp16)
+      for (int p = 0; p < 4; p++)
+        MLP_OP(b->unscale_check(ex, grads[p], counts[p], m.scale, m.found));
+    for (int p = 0; p < 4; p++)
+      MLP_OP(b->sgd_step(ex, params[p], grads[p], moms[p], counts[p], 0.1f, 0.9f, false, 0.0f,
+                         fp16 ? m.found : NULL));
+    if (fp16)
+      MLP_OP(b->loss_scale_update(ex, m.scale, m.good, m.found, m.skipped, 2000));
+    MLP_OP(b->copy_out(ex, hl, m.loss, MLP_N * 4));
+    MLP_OP(b->synchronize(ex));
+    double sum = 0;
+    for (int i = 0; i < MLP_N; i++)
+      sum += hl[i];
+    losses[step] = (float)(sum / MLP_N);
+  }
+done:
+  free(hx);
+  free(hw1);
+  free(hw2);
+  free(hl);
+  free(hlab);
+  return rc;
+}
+
+static void *cpu_block(void *u, size_t bytes) {
+  void **slot = u;
+  *slot = malloc(bytes);
+  return *slot;
+}
+
+static void *gpu_block(void *u, size_t bytes) {
+  tc *t = u;
+  return dput(t, NULL, bytes);
+}
+
+static int case_mlp(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  enum { STEPS = 50 };
+  float cl[STEPS], gl[STEPS];
+  void *cblock = NULL;
+  int rc = gs_gpu_mlp_train(C, CX, dt, STEPS, cpu_block, &cblock, cl);
+  free(cblock);
+  tc_call(t, "cpu mlp", rc);
+  tc_call(t, "gpu mlp", gs_gpu_mlp_train(G, GX, dt, STEPS, gpu_block, t, gl));
+  if (!t->err) {
+    double a = dt == GS_F32 ? 1e-4 : 2e-2, r = dt == GS_F32 ? 1e-3 : 2e-2;
+    for (int i = 0; i < STEPS; i++)
+      if (!(fabs(gl[i] - cl[i]) <= a + r * fabs(cl[i])))
+        fail(t, "%s mlp loss at step %d: gpu %.6g, cpu %.6g", gs_dtype_name(dt), i, gl[i], cl[i]);
+    if (!(cl[STEPS - 1] < 0.7 * cl[0]) || !(gl[STEPS - 1] < 0.7 * gl[0]))
+      fail(t, "%s mlp did not learn: cpu %.4g -> %.4g, gpu %.4g -> %.4g", gs_dtype_name(dt),
+           cl[0], cl[STEPS - 1], gl[0], gl[STEPS - 1]);
+  }
+  return tc_end(t);
+}
+
+/* ---- the table ---- */
+
+const gs_gpu_case gs_gpu_cases[] = {
+    {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
+    {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
+    {"gap", case_gap, true},           {"relu", case_relu, true},
+    {"xent", case_xent, false},        {"cast", case_cast, false},
+    {"unscale_check", case_unscale, false}, {"loss_scale_update", case_loss_scale, false},
+    {"sgd", case_sgd, false},          {"adam", case_adam, false},
+    {"mlp_trajectory", case_mlp, true},
+};
+const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
+
+int gs_gpu_run(gs_gpu_env *env, const char *name, gs_dtype dt, char *msg, size_t len) {
+  for (size_t i = 0; i < gs_gpu_ncases; i++)
+    if (strcmp(gs_gpu_cases[i].name, name) == 0)
+      return gs_gpu_cases[i].fn(env, dt, msg, len);
+  if (msg && len)
+    snprintf(msg, len, "no case named %s", name);
+  return -ENOENT;
+}
