@@ -19,6 +19,8 @@
 #define GS_VERSION "0.1.0"
 
 typedef struct gs_server gs_server;
+typedef struct gs_uploads gs_uploads;
+typedef struct gs_jobs gs_jobs;
 
 typedef struct gs_daemon {
   gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
@@ -30,6 +32,8 @@ typedef struct gs_daemon {
   uv_loop_t *loop;
   gs_server *server;
   uint64_t requests;        /* served since start, for the status line */
+  gs_uploads *uploads;      /* dataset uploads in progress (datasets.c) */
+  gs_jobs *jobs;            /* jobs, scheduler and executors (jobs.c) */
 } gs_daemon;
 
 /* Resolve cfg.admin_group to a gid (logs when the group does not exist). */

@@ -23,6 +23,8 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "datasets.h"
+#include "jobs.h"
 #include "devices.h"
 #include "log.h"
 #include "notify.h"
@@ -168,6 +170,10 @@ int main(int argc, char **argv) {
     goto out;
   }
   gs_daemon_resolve_admin(&d);
+  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_init(&d, &e) < 0) {
+    gs_error("%s", e.msg);
+    goto out;
+  }
   gs_server *srv;
   if (gs_server_listen(&d, &srv, &e) < 0) {
     gs_error("%s", e.msg);
@@ -194,6 +200,12 @@ int main(int argc, char **argv) {
   rc = 0;
 out:
   if (ready_fd >= 0) close(ready_fd);
+  if (d.jobs && rc != 0) {
+    gs_jobs_shutdown(&d);
+    uv_run(&loop, UV_RUN_DEFAULT);
+  }
+  gs_jobs_free(&d);
+  gs_datasets_shutdown(&d);
   gs_store_close(d.store);
   uv_run(&loop, UV_RUN_NOWAIT);
   uv_loop_close(&loop);

@@ -11,6 +11,7 @@
  * (prefixed with the call's name: "create_vdev.memory_limit") and message.
  */
 #include "rpc.h"
+#include "rpc_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,74 +19,10 @@
 #include <string.h>
 
 #include "auth.h"
+#include "datasets.h"
+#include "jobs.h"
 #include "log.h"
 #include "wire.h"
-
-/* ---------------------------------------------------------------- arena --- */
-
-typedef struct chunk {
-  struct chunk *next;
-  size_t used, cap;
-  _Alignas(16) unsigned char data[];
-} chunk;
-
-typedef struct arena {
-  chunk *head;
-  bool failed; /* an allocation failed: the handler's result is not sent */
-} arena;
-
-static void *ar_alloc(arena *a, size_t n) {
-  n = (n + 15) & ~(size_t)15;
-  if (!a->head || a->head->cap - a->head->used < n) {
-    size_t cap = n > 16384 ? n : 16384;
-    chunk *c = malloc(sizeof *c + cap);
-    if (!c) {
-      a->failed = true;
-      return NULL;
-    }
-    c->next = a->head;
-    c->used = 0;
-    c->cap = cap;
-    a->head = c;
-  }
-  void *p = a->head->data + a->head->used;
-  a->head->used += n;
-  memset(p, 0, n);
-  return p;
-}
-
-static char *ar_strdup(arena *a, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *p = ar_alloc(a, n);
-  if (p) memcpy(p, s, n);
-  return p;
-}
-
-static void ar_free(arena *a) {
-  for (chunk *c = a->head, *n; c; c = n) {
-    n = c->next;
-    free(c);
-  }
-  a->head = NULL;
-}
-
-/* A protobuf-c message of type T from the arena, set to its INIT value. */
-static void *ar_init(arena *a, size_t n, const void *init) {
-  void *p = ar_alloc(a, n);
-  if (p) memcpy(p, init, n);
-  return p;
-}
-#define AR_MSG(a, T, INIT) ((T *)ar_init((a), sizeof(T), &(T)INIT))
-
-/* ------------------------------------------------------------- context --- */
-
-typedef struct call_ctx {
-  gs_daemon *d;
-  const gs_peer *peer;
-  gs_identity id;
-  arena ar;
-  Gpushare__V1__Response *resp;
-} call_ctx;
 
 static int oom(call_ctx *c, gs_err *e) {
   (void)c;
@@ -125,7 +62,7 @@ static Gpushare__V1__Tenant *tenant_msg(arena *a, const gs_tenant *t) {
   return m;
 }
 
-static Gpushare__V1__Vdev *vdev_msg(arena *a, const gs_vdev *v) {
+static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, arena *a, const gs_vdev *v) {
   Gpushare__V1__Vdev *m = AR_MSG(a, Gpushare__V1__Vdev, GPUSHARE__V1__VDEV__INIT);
   if (!m) return NULL;
   m->name = ar_strdup(a, v->name);
@@ -136,9 +73,10 @@ static Gpushare__V1__Vdev *vdev_msg(arena *a, const gs_vdev *v) {
   m->compute_share = v->compute_share;
   m->policy = v->policy == 1 ? GPUSHARE__V1__POLICY__GROWTH : GPUSHARE__V1__POLICY__PREALLOCATE;
   m->created_unix = v->created;
-  /* Vdevs hold no memory until jobs run in them (GROWTH), or hold their
-   * whole limit (PREALLOCATE) once the executor has reserved it. */
+  /* As the device's executor last reported: GROWTH vdevs hold memory while
+   * jobs run in them, PREALLOCATE ones their whole limit once reserved. */
   m->has_memory_in_use = m->has_memory_reserved = m->has_memory_peak = 1;
+  gs_jobs_vdev_memory(d, v->name, &m->memory_in_use, &m->memory_reserved, &m->memory_peak);
   return m;
 }
 
@@ -351,12 +289,13 @@ static int h_create_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e
   if (gs_store_vdev_get(c->d->store, v.name, &got, e) < 0) return -1;
   Gpushare__V1__CreateVdevResponse *m = AR_MSG(&c->ar, Gpushare__V1__CreateVdevResponse,
                                                GPUSHARE__V1__CREATE_VDEV_RESPONSE__INIT);
-  if (!m || !(m->vdev = vdev_msg(&c->ar, &got))) return oom(c, e);
+  if (!m || !(m->vdev = vdev_msg(c->d, &c->ar, &got))) return oom(c, e);
   gs_info("vdev %s created on %s for tenant %s: %" PRIu64 " bytes, compute %" PRIu32 "%%, %s",
           v.name, v.device, v.tenant, v.memory_limit, v.compute_share,
           v.policy ? "growth" : "preallocate");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CREATE_VDEV;
   c->resp->create_vdev = m;
+  gs_jobs_vdevs_changed(c->d);
   return 0;
 }
 
@@ -370,7 +309,7 @@ static int h_list_vdevs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e)
   if (m) m->vdev = ar_alloc(&c->ar, n * sizeof *m->vdev + 1);
   for (size_t i = 0; m && m->vdev && i < n; i++) {
     if (!c->id.admin && strcmp(list[i].tenant, c->id.tenant) != 0) continue;
-    m->vdev[m->n_vdev++] = vdev_msg(&c->ar, &list[i]);
+    m->vdev[m->n_vdev++] = vdev_msg(c->d, &c->ar, &list[i]);
   }
   free(list);
   if (!m || c->ar.failed) return oom(c, e);
@@ -384,28 +323,17 @@ static int h_delete_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e
   if (gs_store_name_valid(name, "name", e) < 0) return -1;
   if (gs_store_vdev_delete(c->d->store, name, e) < 0) return -1;
   gs_info("vdev %s deleted by uid %" PRIu32, name, c->peer->uid);
+  gs_jobs_vdevs_changed(c->d);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_VDEV;
   c->resp->delete_vdev = AR_MSG(&c->ar, Gpushare__V1__DeleteVdevResponse,
                                 GPUSHARE__V1__DELETE_VDEV_RESPONSE__INIT);
   return c->resp->delete_vdev ? 0 : oom(c, e);
 }
 
-/* Calls whose machinery (the executors and the job store) is not part of
- * this daemon yet answer so, plainly, instead of pretending. */
-static int h_not_yet(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  (void)c;
-  (void)rq;
-  return gs_err_set(e, GS_UNAVAILABLE, "",
-                    "this gpushared (" GS_VERSION ") does not run jobs or hold datasets yet; "
-                    "run the job with gpushare-run on this machine meanwhile");
-}
-
-typedef int (*handler)(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-
 static const struct call {
   const char *name; /* the oneof field name, used in messages and field paths */
   gs_need need;
-  handler fn;
+  gs_rpc_handler fn;
 } calls[] = {
     [GPUSHARE__V1__REQUEST__CALL_LIST_DEVICES] = {"list_devices", GS_NEED_TENANT, h_list_devices},
     [GPUSHARE__V1__REQUEST__CALL_CREATE_TENANT] = {"create_tenant", GS_NEED_ADMIN, h_create_tenant},
@@ -416,19 +344,19 @@ static const struct call {
     [GPUSHARE__V1__REQUEST__CALL_CREATE_VDEV] = {"create_vdev", GS_NEED_ADMIN, h_create_vdev},
     [GPUSHARE__V1__REQUEST__CALL_LIST_VDEVS] = {"list_vdevs", GS_NEED_TENANT, h_list_vdevs},
     [GPUSHARE__V1__REQUEST__CALL_DELETE_VDEV] = {"delete_vdev", GS_NEED_ADMIN, h_delete_vdev},
-    [GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET] = {"upload_dataset", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_LIST_DATASETS] = {"list_datasets", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_REMOVE_DATASET] = {"remove_dataset", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_PLAN] = {"plan", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_SUBMIT] = {"submit", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_JOB_STATUS] = {"job_status", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_LIST_JOBS] = {"list_jobs", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_WATCH] = {"watch", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_CANCEL] = {"cancel", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_LOGS] = {"logs", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_FETCH] = {"fetch", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_MEMORY] = {"memory", GS_NEED_TENANT, h_not_yet},
-    [GPUSHARE__V1__REQUEST__CALL_METRICS] = {"metrics", GS_NEED_TENANT, h_not_yet},
+    [GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET] = {"upload_dataset", GS_NEED_TENANT, gs_rpc_upload_dataset},
+    [GPUSHARE__V1__REQUEST__CALL_LIST_DATASETS] = {"list_datasets", GS_NEED_TENANT, gs_rpc_list_datasets},
+    [GPUSHARE__V1__REQUEST__CALL_REMOVE_DATASET] = {"remove_dataset", GS_NEED_TENANT, gs_rpc_remove_dataset},
+    [GPUSHARE__V1__REQUEST__CALL_PLAN] = {"plan", GS_NEED_TENANT, gs_rpc_plan},
+    [GPUSHARE__V1__REQUEST__CALL_SUBMIT] = {"submit", GS_NEED_TENANT, gs_rpc_submit},
+    [GPUSHARE__V1__REQUEST__CALL_JOB_STATUS] = {"job_status", GS_NEED_TENANT, gs_rpc_job_status},
+    [GPUSHARE__V1__REQUEST__CALL_LIST_JOBS] = {"list_jobs", GS_NEED_TENANT, gs_rpc_list_jobs},
+    [GPUSHARE__V1__REQUEST__CALL_WATCH] = {"watch", GS_NEED_TENANT, gs_rpc_watch},
+    [GPUSHARE__V1__REQUEST__CALL_CANCEL] = {"cancel", GS_NEED_TENANT, gs_rpc_cancel},
+    [GPUSHARE__V1__REQUEST__CALL_LOGS] = {"logs", GS_NEED_TENANT, gs_rpc_logs},
+    [GPUSHARE__V1__REQUEST__CALL_FETCH] = {"fetch", GS_NEED_TENANT, gs_rpc_fetch},
+    [GPUSHARE__V1__REQUEST__CALL_MEMORY] = {"memory", GS_NEED_TENANT, gs_rpc_memory},
+    [GPUSHARE__V1__REQUEST__CALL_METRICS] = {"metrics", GS_NEED_ADMIN, gs_rpc_metrics},
     [GPUSHARE__V1__REQUEST__CALL_VERSION] = {"version", GS_NEED_ANY, h_version},
 };
 #define N_CALLS (sizeof calls / sizeof calls[0])
@@ -441,11 +369,13 @@ static int pack(Gpushare__V1__Response *resp, uint8_t **frame, size_t *len) {
   return gs_wire_frame(&resp->base, frame, len);
 }
 
-int gs_rpc_handle(gs_daemon *d, const gs_peer *peer, const uint8_t *body, size_t len,
-                  uint8_t **frame, size_t *frame_len) {
+int gs_rpc_handle(gs_daemon *d, gs_conn *conn, const gs_peer *peer, const uint8_t *body,
+                  size_t len, uint8_t **frame, size_t *frame_len) {
   gs_err e;
   gs_err_clear(&e);
-  call_ctx c = {.d = d, .peer = peer};
+  call_ctx c = {.d = d, .peer = peer, .conn = conn};
+  *frame = NULL;
+  *frame_len = 0;
   Gpushare__V1__Response resp = GPUSHARE__V1__RESPONSE__INIT;
   c.resp = &resp;
   d->requests++;
@@ -455,6 +385,7 @@ int gs_rpc_handle(gs_daemon *d, const gs_peer *peer, const uint8_t *body, size_t
   if (rq) {
     resp.has_id = rq->has_id;
     resp.id = rq->id;
+    c.req_id = rq->id;
     size_t k = (size_t)rq->call_case;
     if (k == 0 || k >= N_CALLS || !calls[k].fn) {
       gs_err_set(&e, GS_INVALID_ARGUMENT, "call",
@@ -487,7 +418,7 @@ int gs_rpc_handle(gs_daemon *d, const gs_peer *peer, const uint8_t *body, size_t
     gs_debug("uid %" PRIu32 " %s: %s: %s (%s)", peer->uid, call ? call->name : "request",
              gs_code_name(e.code), e.msg, e.field);
   }
-  int rc = pack(&resp, frame, frame_len);
+  int rc = c.deferred && e.code == GS_OK ? 0 : pack(&resp, frame, frame_len);
   if (rq) gpushare__v1__request__free_unpacked(rq, NULL);
   ar_free(&c.ar);
   return rc;

@@ -32,20 +32,23 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "datasets.h"
+#include "jobs.h"
 #include "log.h"
 #include "notify.h"
 #include "rpc.h"
 #include "wire.h"
 
-typedef struct conn {
+typedef struct gs_conn conn;
+struct gs_conn {
   uv_pipe_t pipe;        /* first: the handle's address is the conn's */
   gs_server *srv;
   gs_peer peer;          /* credentials read at accept */
   gs_wire_decoder dec;   /* frames arrive in pieces */
   uint64_t frames;       /* frames handled on this connection */
   bool closing;
-  struct conn *prev, *next;
-} conn;
+  conn *prev, *next;
+};
 
 struct gs_server {
   gs_daemon *d;
@@ -68,6 +71,9 @@ typedef struct write_req {
 static void on_conn_closed(uv_handle_t *h) {
   conn *c = (conn *)h;
   gs_server *s = c->srv;
+  /* Streams and uploads of this connection end with it. */
+  gs_jobs_conn_closed(s->d, c);
+  gs_datasets_conn_closed(s->d, c);
   if (c->prev) c->prev->next = c->next;
   else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -130,12 +136,21 @@ static int conn_send(conn *c, uint8_t *frame, size_t len) {
   return 0;
 }
 
+int gs_conn_send_response(gs_conn *c, Gpushare__V1__Response *resp) {
+  if (c->closing) return -1;
+  uint8_t *frame;
+  size_t len;
+  if (gs_wire_frame(&resp->base, &frame, &len) < 0) return -1;
+  return conn_send(c, frame, len);
+}
+
 static int on_frame(void *u, const uint8_t *body, size_t len) {
   conn *c = u;
   uint8_t *frame = NULL;
   size_t flen = 0;
   c->frames++;
-  if (gs_rpc_handle(c->srv->d, &c->peer, body, len, &frame, &flen) < 0) return -ENOMEM;
+  if (gs_rpc_handle(c->srv->d, c, &c->peer, body, len, &frame, &flen) < 0) return -ENOMEM;
+  if (!frame) return 0; /* a stream: its handler sends */
   return conn_send(c, frame, flen) < 0 ? -EIO : 0;
 }
 
@@ -326,6 +341,9 @@ void gs_server_drain(gs_server *s) {
   uv_close((uv_handle_t *)&s->sig_hup, NULL);
   /* Stop reading; what is already queued for writing still goes out. */
   for (conn *c = s->conns; c; c = c->next) conn_finish(c);
+  /* Executors checkpoint their running jobs and exit; the loop ends when
+   * they are gone. */
+  gs_jobs_shutdown(s->d);
   uv_timer_start(&s->drain_timer, on_drain_timeout, 5000, 0);
   uv_unref((uv_handle_t *)&s->drain_timer);
 }

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Jobs through the daemon, as tenants use it: submit, watch, cancel, quotas,
+# admission and auto-fit, run-time OOM, datasets, isolation between tenants,
+# fair share between vdevs, kill -9 in the middle of training, and metrics.
+set -u
+. "$(dirname "$0")/lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
+command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+
+# job NAME TXTPB: encode a text JobSpec into $T/NAME.pb
+job() { printf '%s\n' "$2" >"$T/$1.txtpb"
+  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
+  chmod 644 "$T/$1.pb"; }
+# synth NAME VDEV STEPS [EXTRA]: a small synthetic job
+synth() { job "$1" "name: \"$1\" vdev: \"$2\"
+model { input { height: 8 width: 8 channels: 1 }
+  layer { flatten {} } layer { dense { units: 64 activation: RELU } } layer { dense { units: 4 } } }
+train { synthetic { examples: 4096 seed: 7 classes: 4 } }
+test { synthetic { examples: 512 seed: 7 classes: 4 } }
+batch_size: 32 epochs: 10000 max_steps: $3 seed: 1 ${4:-checkpoint_every_steps: 20}
+optimizer { adam { learning_rate: 0.003 } }"; }
+json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+wait_state() {  # wait_state ID STATE [SECONDS]
+  local s; for _ in $(seq $((${3:-60} * 10))); do
+    s=$(ctl --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)
+    [ "$s" = "$2" ] && return 0; sleep 0.1; done
+  echo "job $1 is $s, not $2"; return 1; }
+
+OUTD=$T/out; mkdir -p "$OUTD"; chmod 777 "$OUTD"   # where tenants write fetched files
+start_daemon
+expect_ok "tenant a" ctl tenant create a --uid 4001 --max-running 4 --max-queued 3
+expect_ok "tenant b" ctl tenant create b --uid 4002
+expect_ok "vdev a0 (256 MiB)" ctl vdev create a0 --memory 256MiB --compute 75 --policy growth --tenant a
+expect_ok "vdev b0 (256 MiB)" ctl vdev create b0 --memory 256MiB --compute 25 --policy growth --tenant b
+A() { ctl_as 4001 65534 "$@"; }
+B() { ctl_as 4002 65534 "$@"; }
+
+# --- submit -> watch -> SUCCEEDED on real data ------------------------------
+if $PY "$HERE/fashion_slice.py" 6000 "$T" >/dev/null; then
+  chmod 644 "$T"/*.gz
+  job fashion "name: \"fashion-slice\" vdev: \"a0\"
+model { input { height: 28 width: 28 channels: 1 }
+  layer { flatten {} } layer { dense { units: 128 activation: RELU } } layer { dense { units: 10 } } }
+train { idx { images: \"$T/train-images.gz\" labels: \"$T/train-labels.gz\" } }
+test { idx { images: \"$T/t10k-images.gz\" labels: \"$T/t10k-labels.gz\" } }
+batch_size: 32 epochs: 2 seed: 1 optimizer { adam { learning_rate: 0.001 } }"
+  expect_ok "submit --watch a Fashion-MNIST slice (uploads the IDX files)" A submit "$T/fashion.pb" --watch
+  echo "$LAST_OUT" | tail -n 3
+  id=$(A --json list | json_field "['job'][0]['id']")
+  acc=$(A --json status "$id" | json_field "['job']['epoch'][-1]['test_accuracy']")
+  $PY -c "import sys; sys.exit(0 if float('$acc') >= 0.72 else 1)" \
+    && pass "test accuracy $acc >= 0.72 after 2 epochs on 6,000 images" || fail "accuracy $acc below 0.72"
+  expect_ok "the tenant's datasets were uploaded once" A --json dataset list
+  n=$(echo "$LAST_OUT" | json_field "['dataset'].__len__()")
+  [ "$n" = 4 ] && pass "4 datasets (images, labels x train, test)" || fail "$n datasets: $LAST_OUT"
+  expect_ok "submit again reuses the uploads" A submit "$T/fashion.pb"
+  A --json dataset list | json_field "['dataset'].__len__()" | grep -qx 4 && pass "no duplicate uploads" || fail "datasets duplicated"
+  id2=$(A --json list | json_field "['job'][-1]['id']")
+  expect_ok "cancel the second one" A cancel "$id2"
+  expect_ok "fetch the trained weights" A fetch "$id" -o "$OUTD/model.safetensors"
+  head -c 8 "$OUTD/model.safetensors" | od -An -tu8 | grep -q . && pass "safetensors file written" || fail "no safetensors"
+  expect_ok "logs" A logs "$id"
+  [[ "$LAST_OUT" == *SUCCEEDED* ]] && pass "logs end in SUCCEEDED" || fail "logs: $LAST_OUT"
+  # Tenant b sees none of it.
+  expect_fail "b cannot see a's job" 1 NOT_FOUND B status "$id"
+  expect_fail "b cannot watch a's job" 1 NOT_FOUND B watch "$id"
+  expect_fail "b cannot cancel a's job" 1 NOT_FOUND B cancel "$id"
+  expect_fail "b cannot fetch a's weights" 1 NOT_FOUND B fetch "$id" -o "$OUTD/stolen"
+  expect_ok "b's job list is empty" B --json list
+  [[ "$LAST_OUT" != *fashion* ]] && pass "b lists none of a's jobs" || fail "b saw: $LAST_OUT"
+  sha=$(A --json dataset list | json_field "['dataset'][0]['sha256']")
+  job steal "name: \"steal\" vdev: \"b0\" model { input { height: 28 width: 28 channels: 1 } layer { flatten {} } layer { dense { units: 10 } } }
+train { idx { images: \"sha256:$sha\" labels: \"sha256:$sha\" } } batch_size: 8"
+  expect_fail "b cannot use a's datasets" 1 NOT_FOUND B submit "$T/steal.pb"
+else
+  echo "skip - Fashion-MNIST not installed: real-data part skipped"
+fi
+
+# --- admission: over the vdev refused with the suggestion; auto_fit runs ----
+job big "name: \"big\" vdev: \"b0\"
+model { input { height: 28 width: 28 channels: 1 }
+  layer { conv2d { filters: 64 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { flatten {} } layer { dense { units: 10 } } }
+train { synthetic { examples: 2048 seed: 7 classes: 10 } }
+batch_size: 1024 max_steps: 3 seed: 1"
+expect_fail "a job over its vdev is refused" 1 RESOURCE_EXHAUSTED B submit "$T/big.pb"
+[[ "$LAST_OUT" == *micro-batch* ]] && pass "the refusal suggests a micro-batch" || fail "no suggestion: $LAST_OUT"
+printf 'auto_fit: true\n' >>"$T/big.txtpb"
+protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/big.txtpb" >"$T/big.pb"
+expect_ok "with auto_fit it runs to success" B submit "$T/big.pb" --watch
+bid=$(B --json list | json_field "['job'][-1]['id']")
+B --json status "$bid" >"$T/big.json"
+mb=$(json_field "['job']['micro_batch']" <"$T/big.json"); acc=$(json_field "['job']['accumulation_steps']" <"$T/big.json")
+[ "$mb" -lt 1024 ] && [ $((mb * acc)) = 1024 ] && pass "auto_fit chose micro-batch $mb x $acc (effective 1024)" || fail "auto_fit: $mb x $acc"
+
+# --- quotas: max_queued, max_running -----------------------------------------
+expect_ok "quota: a may run 1 job" ctl quota set a --max-running 1 --max-queued 2
+synth long1 a0 100000; synth long2 a0 100000; synth long3 a0 100000; synth long4 a0 100000
+expect_ok "submit long1" A submit "$T/long1.pb"; l1=$(A --json list | json_field "['job'][-1]['id']")
+wait_state "$l1" RUNNING && pass "long1 running" || fail "long1 not running"
+expect_ok "submit long2 (queued behind max_running)" A submit "$T/long2.pb"; l2=$(A --json list | json_field "['job'][-1]['id']")
+expect_ok "submit long3" A submit "$T/long3.pb"; l3=$(A --json list | json_field "['job'][-1]['id']")
+sleep 0.5
+A --json status "$l2" | json_field "['job']['state']" | grep -qx QUEUED && pass "max_running keeps long2 queued" || fail "long2 not queued"
+expect_fail "max_queued refuses a third queued job" 1 max_queued A submit "$T/long4.pb"
+# --- cancel: queued, then running ---------------------------------------------
+expect_ok "cancel a queued job" A cancel "$l3"
+wait_state "$l3" CANCELLED 5 && pass "queued job cancelled" || fail "queued cancel"
+expect_ok "cancel a running job" A cancel "$l1"
+wait_state "$l1" CANCELLED 10 && pass "running job cancelled within a step" || fail "running cancel"
+wait_state "$l2" RUNNING 10 && pass "the next job starts when the first is cancelled" || fail "long2 did not start"
+expect_ok "cancel long2" A cancel "$l2"; wait_state "$l2" CANCELLED 10
+expect_ok "quota back" ctl quota set a --max-running 4 --max-queued 8
+
+# --- fair share: 75/25 compute shares -> 3:1 step rates -----------------------
+synth share-a a0 100000; synth share-b b0 100000
+expect_ok "share job on a0 (75)" A submit "$T/share-a.pb"; sa=$(A --json list | json_field "['job'][-1]['id']")
+expect_ok "share job on b0 (25)" B submit "$T/share-b.pb"; sb=$(B --json list | json_field "['job'][-1]['id']")
+wait_state "$sa" RUNNING; wait_state "$sb" RUNNING
+sleep 2
+s1a=$(ctl --json status "$sa" | json_field "['job'].get('step',0)"); s1b=$(ctl --json status "$sb" | json_field "['job'].get('step',0)")
+sleep 6
+s2a=$(ctl --json status "$sa" | json_field "['job'].get('step',0)"); s2b=$(ctl --json status "$sb" | json_field "['job'].get('step',0)")
+ratio=$($PY -c "print(round(($s2a-$s1a)/max(1,$s2b-$s1b),2))")
+echo "steps over 6 s: a0 $((s2a - s1a)), b0 $((s2b - s1b)), ratio $ratio (want 3 +- 15%)"
+$PY -c "import sys; sys.exit(0 if 2.55 <= $ratio <= 3.45 else 1)" && pass "75/25 shares give step rates $ratio:1" || fail "share ratio $ratio"
+
+# --- metrics -------------------------------------------------------------------
+expect_ok "metrics" ctl metrics
+echo "$LAST_OUT" | $PY "$HERE/prom_check.py" && pass "metrics parse as Prometheus text" || fail "metrics malformed"
+expect_fail "metrics are for admins" 1 PERMISSION_DENIED A metrics
+
+# --- kill -9 in the middle of training: resume from the checkpoint ------------
+expect_ok "cancel share-b" B cancel "$sb"
+synth crash a0 400 'checkpoint_every_steps: 25'
+expect_ok "submit a 400-step job" A submit "$T/crash.pb"; cid=$(A --json list | json_field "['job'][-1]['id']")
+for _ in $(seq 200); do st=$(ctl --json status "$cid" | json_field "['job'].get('step',0)"); [ "$st" -ge 60 ] && break; sleep 0.1; done
+expect_ok "cancel share-a" A cancel "$sa"
+kill9_daemon
+sleep 0.5
+pgrep -f "gpushare-executor.*$STATE" >/dev/null && fail "executor outlived its control plane" || pass "executor died with the control plane"
+expect_ok "integrity_check after kill -9" sqlite3 "$STATE/gpushared.db" "PRAGMA integrity_check"
+[ "$LAST_OUT" = ok ] && pass "store intact" || fail "integrity: $LAST_OUT"
+start_daemon
+wait_state "$cid" SUCCEEDED 120 && pass "the job resumed and succeeded" || fail "job $cid did not finish"
+ctl logs "$cid" | grep -q "QUEUED" && pass "one job, its log kept" || fail "log lost"
+n=$(ctl --json list --all | $PY -c "import json,sys; print([j['id'] for j in json.load(sys.stdin)['job']].count($cid))")
+[ "$n" = 1 ] && pass "the job exists exactly once" || fail "job $cid listed $n times"
+steps=$(ctl --json status "$cid" | json_field "['job']['step']")
+[ "$steps" = 400 ] && pass "it ran exactly its 400 steps" || fail "it ran $steps steps"
+
+# --- an upload cut off half-way leaves nothing -----------------------------------
+setpriv --reuid=4002 --regid=65534 --clear-groups $PY "$HERE/upload_cut.py" "$SOCK" halfway
+sleep 0.3
+B --json dataset list | grep -q halfway && fail "a half upload is visible" || pass "a half upload is not visible"
+ls "$STATE/uploads" | grep -q . && fail "the half upload left a file" || pass "and left no file"
+
+stop_daemon
+finish
