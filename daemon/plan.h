@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "gpushare.pb-c.h"
 #include "gs_error.h"
+#include "train.h"
 
 typedef struct gs_plan_row {
   char layer[64];         /* "dense_1", or "job" for job-wide buffers */
@@ -84,5 +85,39 @@ typedef struct gs_admission {
 int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
                   bool auto_fit, gs_admission *out, gs_err *e);
 void gs_admission_free(gs_admission *a);
+
+/* ---- additions (issue 4): the same plan as JSON and as a message, the OOM
+ * report and the memory timeline, so every surface says the same ---- */
+
+/* The plan as one JSON object (micro_batch, accumulation_steps,
+ * effective_batch, precision, parameters, peak_bytes, limit_bytes, fits when
+ * limit > 0, by_role, rows[] with bytes by role). malloc'd; NULL on ENOMEM. */
+char *gs_plan_json(const gs_plan *p, uint64_t limit);
+/* The plan as gpushare.v1.Plan (rows, peak, limit, fits, summary = the
+ * table), for PlanResponse / SubmitResponse. Everything in *out is
+ * malloc'd: free with gpushare__v1__plan__free_unpacked(*out, NULL).
+ * Returns 0 or -ENOMEM. */
+int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out);
+
+/* The OOM report of a failed gs_train_create (f->oom set): the tensor, the
+ * vdev's numbers at the failure, the cause (QUOTA / PHYSICAL /
+ * FRAGMENTATION) with an explanation for an ML engineer, and what would fit
+ * (gs_plan_suggest for `spec`, the job as it was created, against the
+ * vdev's limit for QUOTA, the bytes the vdev could reserve for PHYSICAL, the
+ * largest free block for FRAGMENTATION). `spec` may be NULL (no
+ * suggestions); `vdev_name` may be NULL. Everything in *out is malloc'd:
+ * free with gs_plan_oom_report_free (= gpushare__v1__oom_report__free_unpacked).
+ * Returns 0, -EINVAL (f is not an OOM) or -ENOMEM, with e filled. */
+int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                       const gs_train_failure *f, const char *vdev_name,
+                       Gpushare__V1__OomReport **out, gs_err *e);
+void gs_plan_oom_report_free(Gpushare__V1__OomReport *r);
+/* The report as gpushare-run and gpuctl print it (several lines). malloc'd. */
+char *gs_plan_oom_format(const Gpushare__V1__OomReport *r);
+
+/* A MemoryTimeline (gs_train_memory_timeline) as text: the peak against the
+ * plan, a bar per step (at most 40 lines; more steps merge by max) and the
+ * bytes by layer and role at the peak. malloc'd. */
+char *gs_plan_timeline_format(const Gpushare__V1__MemoryTimeline *tl);
 
 #endif
