@@ -32,7 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -895,8 +897,9 @@ static int cmd_dataset_rm(cli *x, parsed *p) {
 
 /* ------------------------------------------------------------- job specs --- */
 
-/* Read a binary JobSpec (protoc --encode=gpushare.v1.JobSpec). */
-static int read_spec(const char *path, Gpushare__V1__JobSpec **out) {
+/* Read a whole file of at most GS_WIRE_MAX_FRAME bytes (a job spec is a few
+ * kilobytes; anything larger could not be sent anyway). malloc'd. */
+static int read_small_file(const char *path, uint8_t **out, size_t *len) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail("cannot read %s: %s", path, strerror(errno));
   uint8_t *buf = malloc(GS_WIRE_MAX_FRAME + 1);
@@ -920,20 +923,275 @@ static int read_spec(const char *path, Gpushare__V1__JobSpec **out) {
       goto fail_buf;
     }
   }
-  /* A text protobuf is the usual mistake: say how to encode it. */
+  *out = buf;
+  *len = n;
+  close(fd);
+  return 0;
+fail_buf:
+  free(buf);
+fail_fd:
+  close(fd);
+  return rc;
+}
+
+/* Unpack a binary JobSpec held in buf; on failure say what the file is
+ * likely to be instead (a text spec is the usual mistake). */
+static int unpack_spec(const char *path, const uint8_t *buf, size_t n, Gpushare__V1__JobSpec **out) {
   int text = n > 0;
   for (size_t i = 0; i < n && i < 256; i++)
     if (!isprint(buf[i]) && !isspace(buf[i])) text = 0;
   *out = text ? NULL : gpushare__v1__job_spec__unpack(NULL, n, buf);
-  if (!*out) {
-    fail("%s is not a binary gpushare.v1.JobSpec%s; encode a text spec with: protoc --encode=gpushare.v1.JobSpec "
-         "gpushare.proto < job.txtpb > job.pb", path, text ? " (it looks like text)" : "");
-    goto fail_buf;
-  }
-  rc = 0;
-fail_buf:
+  if (*out) return 0;
+  if (text)
+    return fail("%s is not a binary gpushare.v1.JobSpec (it looks like text); encode it with: "
+                "gpuctl job encode %s", path, path);
+  return fail("%s is not a binary gpushare.v1.JobSpec (%zu bytes that do not decode: truncated, or "
+              "another message); encode a text spec with: gpuctl job encode JOB.txtpb", path, n);
+}
+
+/* Read a binary JobSpec (gpuctl job encode, or protoc --encode). */
+static int read_spec(const char *path, Gpushare__V1__JobSpec **out) {
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  if (read_small_file(path, &buf, &n)) return EXIT_FAIL;
+  int rc = unpack_spec(path, buf, n, out);
   free(buf);
-fail_fd:
+  return rc;
+}
+
+/* ------------------------------------------------------------ job files --- */
+
+/* A tenant writes a job as text protobuf and gpuctl turns it into the binary
+ * JobSpec that submit sends, through protoc (the reference text-format
+ * parser, with line and column in its messages) and gpushare.proto, looked
+ * up where an install or a build tree puts it. What protoc writes is
+ * decoded again with protobuf-c, the daemon's own decoder, before it is
+ * renamed into place, so a JOB.pb that exists is one the daemon can read. */
+
+/* dir of path (without the final slash) into out; "." when it has none. */
+static void dir_of(const char *path, char *out, size_t n) {
+  const char *s = strrchr(path, '/');
+  if (!s) snprintf(out, n, ".");
+  else if (s == path) snprintf(out, n, "/");
+  else snprintf(out, n, "%.*s", (int)(s - path), path);
+}
+
+/* gpushare.proto: $GPUSHARE_PROTO, beside an installed gpuctl
+ * (BIN/../share/gpushare), in the build tree (build/client/gpuctl ->
+ * proto/), then /usr/share/gpushare. */
+static int find_proto(char *out, size_t n) {
+  const char *env = getenv("GPUSHARE_PROTO");
+  if (env && *env) {
+    if (access(env, R_OK) < 0) return fail("GPUSHARE_PROTO=%s: %s", env, strerror(errno));
+    snprintf(out, n, "%s", env);
+    return 0;
+  }
+  char exe[PATH_MAX] = "", bindir[PATH_MAX] = "";
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k > 0) {
+    exe[k] = '\0';
+    dir_of(exe, bindir, sizeof bindir);
+  }
+  char cand[3][PATH_MAX + 64];
+  int nc = 0;
+  if (bindir[0]) {
+    snprintf(cand[nc++], sizeof cand[0], "%s/../share/gpushare/gpushare.proto", bindir);
+    snprintf(cand[nc++], sizeof cand[0], "%s/../../proto/gpushare.proto", bindir);
+  }
+  snprintf(cand[nc++], sizeof cand[0], "/usr/share/gpushare/gpushare.proto");
+  for (int i = 0; i < nc; i++)
+    if (access(cand[i], R_OK) == 0) {
+      snprintf(out, n, "%s", cand[i]);
+      return 0;
+    }
+  return fail("cannot find gpushare.proto (looked at $GPUSHARE_PROTO, %s, %s and "
+              "/usr/share/gpushare/gpushare.proto); set GPUSHARE_PROTO to its path",
+              nc > 1 ? cand[0] : "BIN/../share/gpushare/gpushare.proto",
+              nc > 2 ? cand[1] : "BIN/../../proto/gpushare.proto");
+}
+
+/* protoc on $PATH, or an explanation of how to get it. */
+static int find_protoc(char *out, size_t n, const char *verb) {
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/bin:/bin";
+  for (const char *p = path; *p;) {
+    const char *colon = strchr(p, ':');
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    if (len > 0 && len < PATH_MAX) {
+      snprintf(out, n, "%.*s/protoc", (int)len, p);
+      if (access(out, X_OK) == 0) return 0;
+    }
+    if (!colon) break;
+    p = colon + 1;
+  }
+  fprintf(stderr, "gpuctl job %s needs protoc (Debian: apt-get install protobuf-compiler)\n", verb);
+  return EXIT_FAIL;
+}
+
+/* Run protoc MODE=gpushare.v1.JobSpec with stdin from in_fd and stdout to
+ * out_fd. Its messages name "input"; they are printed naming src instead.
+ * 0 when protoc succeeded. */
+static int run_protoc(const char *mode, int in_fd, int out_fd, const char *src) {
+  char protoc[PATH_MAX + 16], proto[PATH_MAX + 64], pdir[PATH_MAX + 64];
+  if (find_protoc(protoc, sizeof protoc, !strcmp(mode, "--encode") ? "encode" : "show") || find_proto(proto, sizeof proto)) return EXIT_FAIL;
+  dir_of(proto, pdir, sizeof pdir);
+  char a_mode[64], a_path[PATH_MAX + 80];
+  snprintf(a_mode, sizeof a_mode, "%s=gpushare.v1.JobSpec", mode);
+  snprintf(a_path, sizeof a_path, "--proto_path=%s", pdir);
+  char *args[] = {protoc, a_mode, a_path, (char *)base_name(proto), NULL};
+  int ep[2];
+  if (pipe(ep) < 0) return fail("cannot run protoc: %s", strerror(errno));
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(ep[0]);
+    close(ep[1]);
+    return fail("cannot run protoc: %s", strerror(errno));
+  }
+  if (pid == 0) {
+    if (dup2(in_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 || dup2(ep[1], STDERR_FILENO) < 0)
+      _exit(127);
+    close(ep[0]);
+    execv(protoc, args);
+    dprintf(STDERR_FILENO, "cannot run %s: %s\n", protoc, strerror(errno));
+    _exit(127);
+  }
+  close(ep[1]);
+  char msg[16384];
+  size_t got = 0;
+  for (;;) {
+    ssize_t k = read(ep[0], msg + got, sizeof msg - 1 - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += (size_t)k;
+    if (got == sizeof msg - 1) { /* keep draining so protoc never blocks */
+      char sink[4096];
+      while (read(ep[0], sink, sizeof sink) > 0) {}
+      break;
+    }
+  }
+  msg[got] = '\0';
+  close(ep[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  /* "input:3:7: Expected integer, got: oops" -> "job.txtpb:3:7: ..." */
+  for (char *line = msg, *next; line && *line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    if (!strcmp(line, "Failed to parse input.")) continue;
+    if (!strncmp(line, "input:", 6)) fprintf(stderr, "%s:%s\n", src, line + 6);
+    else fprintf(stderr, "%s: %s\n", src, line);
+  }
+  if (ok) return 0;
+  if (!strcmp(mode, "--encode"))
+    return fail("%s does not parse as a text gpushare.v1.JobSpec; nothing was written", src);
+  return fail("protoc could not print %s", src);
+}
+
+/* JOB.txtpb -> JOB.pb: the extension after the last dot is replaced. */
+static void default_pb_name(const char *in, char *out, size_t n) {
+  const char *slash = strrchr(in, '/');
+  const char *dot = strrchr(in, '.');
+  if (dot && (!slash || dot > slash + 1)) snprintf(out, n, "%.*s.pb", (int)(dot - in), in);
+  else snprintf(out, n, "%s.pb", in);
+}
+
+static int cmd_job_encode(cli *x, parsed *p) {
+  const char *in = p->pos[0];
+  char outbuf[PATH_MAX];
+  const char *out = p->nval[0] ? p->val[0][0] : NULL;
+  if (!out) {
+    default_pb_name(in, outbuf, sizeof outbuf);
+    out = outbuf;
+  }
+  if (!strcmp(out, in)) return usage_error(x, "the output would overwrite %s; name another with -o", in);
+  int in_fd = open(in, O_RDONLY | O_CLOEXEC);
+  if (in_fd < 0) return fail("cannot read %s: %s", in, strerror(errno));
+  struct stat st;
+  if (fstat(in_fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    close(in_fd);
+    return fail("cannot read %s: not a regular file", in);
+  }
+  /* Written beside the target and renamed at the end: a spec that does not
+   * parse leaves no output, and an older JOB.pb stays as it was. */
+  char tmp[PATH_MAX + 16];
+  if (snprintf(tmp, sizeof tmp, "%s.partXXXXXX", out) >= (int)sizeof tmp) {
+    close(in_fd);
+    return fail("%s: path too long", out);
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    int err = errno;
+    close(in_fd);
+    return fail("cannot write %s: %s", out, strerror(err));
+  }
+  int rc = run_protoc("--encode", in_fd, fd, in);
+  close(in_fd);
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  Gpushare__V1__JobSpec *spec = NULL;
+  if (rc) goto fail;
+  rc = read_small_file(tmp, &buf, &n);
+  if (rc) goto fail;
+  spec = gpushare__v1__job_spec__unpack(NULL, n, buf);
+  if (!spec) {
+    rc = fail("protoc wrote %zu bytes for %s that protobuf-c cannot decode as a gpushare.v1.JobSpec "
+              "(is the gpushare.proto it read the daemon's?); nothing was written", n, in);
+    goto fail;
+  }
+  if (fchmod(fd, 0644) < 0 || fsync(fd) < 0) {
+    rc = fail("cannot write %s: %s", out, strerror(errno));
+    goto fail;
+  }
+  if (rename(tmp, out) < 0) {
+    rc = fail("cannot write %s: %s", out, strerror(errno));
+    goto fail;
+  }
+  size_t layers = spec->model ? spec->model->n_layer : 0;
+  if (x->json) {
+    json j = {.f = stdout};
+    json_open(&j, NULL, '{');
+    json_str(&j, "file", out);
+    json_u64(&j, "bytes", n);
+    json_str(&j, "name", spec->name ? spec->name : "");
+    json_u64(&j, "layers", layers);
+    json_close(&j, '}');
+    fputc('\n', stdout);
+  } else {
+    printf("%s: %zu bytes, job \"%s\", %zu layer%s\n", out, n, spec->name ? spec->name : "", layers,
+           layers == 1 ? "" : "s");
+  }
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  free(buf);
+  close(fd);
+  return 0;
+fail:
+  if (spec) gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  free(buf);
+  close(fd);
+  unlink(tmp);
+  return rc ? rc : EXIT_FAIL;
+}
+
+static int cmd_job_show(cli *x, parsed *p) {
+  const char *path = p->pos[0];
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  if (read_small_file(path, &buf, &n)) return EXIT_FAIL;
+  Gpushare__V1__JobSpec *spec;
+  int rc = unpack_spec(path, buf, n, &spec);
+  free(buf);
+  if (rc) return rc;
+  if (x->json) {
+    print_json(&spec->base);
+    gpushare__v1__job_spec__free_unpacked(spec, NULL);
+    return 0;
+  }
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail("cannot read %s: %s", path, strerror(errno));
+  rc = run_protoc("--decode", fd, STDOUT_FILENO, path);
   close(fd);
   return rc;
 }
@@ -968,6 +1226,11 @@ static int have_sha(cli *x, store_list *s, const char *hex) {
 static int resolve_path(cli *x, store_list *s, const char *field, char **slotp, int upload) {
   char *path = *slotp;
   if (!path || !*path || !strncmp(path, "sha256:", 7)) return 0;
+  /* A local file is uploaded; a bare name that is no file here is one of
+   * the tenant's datasets (gpuctl dataset add NAME FILE), which the daemon
+   * looks up itself. "./NAME" always means the file. */
+  struct stat st;
+  if (stat(path, &st) < 0 && errno == ENOENT && !strchr(path, '/')) return 0;
   gs_err e = {0};
   char hex[65];
   uint64_t bytes = 0;
@@ -1535,6 +1798,8 @@ static const flagdef quota_set_flags[] = {
 
 static const flagdef plan_flags[] = {{"--vdev", NULL, "V", 0, 0, "plan against this vdev's memory limit"}, {0}};
 static const flagdef submit_flags[] = {{"--watch", NULL, NULL, 0, 0, "follow the job until it ends (as gpuctl watch)"}, {0}};
+static const flagdef job_encode_flags[] = {
+    {"--output", "-o", "JOB.pb", 0, 0, "where to write (default: the input's name with .pb)"}, {0}};
 static const flagdef list_flags[] = {{"--all", NULL, NULL, 0, 0, "include finished jobs"}, {0}};
 static const flagdef fetch_flags[] = {
     {"--output", "-o", "FILE", 0, 1, "where to write (\"-\" for stdout)"},
@@ -1559,11 +1824,21 @@ static const command commands[] = {
      "chunks with their sha256, which the daemon checks before it commits them.\n"},
     {"dataset list", "", 0, 0, "list datasets you can use", no_flags, cmd_dataset_list, NULL},
     {"dataset rm", "NAME", 1, 1, "remove a dataset", no_flags, cmd_dataset_rm, NULL},
+    {"job encode", "JOB.txtpb", 1, 1, "turn a job written as text protobuf into the binary JOB.pb", job_encode_flags,
+     cmd_job_encode,
+     "JOB.txtpb is a gpushare.v1.JobSpec in protobuf text format (see docs/jobs.md).\n"
+     "protoc parses it against gpushare.proto, found at $GPUSHARE_PROTO,\n"
+     "BIN/../share/gpushare/gpushare.proto, BIN/../../proto/gpushare.proto (a build\n"
+     "tree) or /usr/share/gpushare/gpushare.proto; the result is checked by decoding\n"
+     "it again. A spec that does not parse is reported with its line and column and\n"
+     "nothing is written. Needs protoc (Debian: apt-get install protobuf-compiler).\n"},
+    {"job show", "JOB.pb", 1, 1, "print a binary job spec as text protobuf (--json: as JSON)", no_flags,
+     cmd_job_show, "The text form needs protoc, as job encode does; --json needs nothing else.\n"},
     {"plan", "JOB.pb", 1, 1, "predict a job's peak memory, layer by layer", plan_flags, cmd_plan,
-     "JOB.pb is a binary gpushare.v1.JobSpec (protoc --encode=gpushare.v1.JobSpec).\n"
+     "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
      "Local idx paths are hashed and sent as sha256: references; nothing is uploaded.\n"},
     {"submit", "JOB.pb", 1, 1, "submit a job", submit_flags, cmd_submit,
-     "JOB.pb is a binary gpushare.v1.JobSpec (protoc --encode=gpushare.v1.JobSpec).\n"
+     "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
      "idx images/labels given as local paths (relative to the current directory)\n"
      "are uploaded unless your store already holds the same sha256, and the job\n"
      "refers to them as sha256:HEX. A job that does not fit is refused with its plan.\n"},
@@ -1581,7 +1856,7 @@ static const command commands[] = {
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
-static const char *const groups[] = {"vdev", "tenant", "quota", "dataset", NULL};
+static const char *const groups[] = {"vdev", "tenant", "quota", "dataset", "job", NULL};
 
 static void print_main_usage(FILE *f) {
   fprintf(f,
