@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # demo.sh [EPOCHS]: gpushare end to end on this machine's CPU device.
 # Builds (scripts/setup.sh), starts gpushared on a private socket, creates a
-# tenant and a vdev as an ops team would and shows them, then trains the
-# Fashion-MNIST MLP (examples/fashion-mlp.txtpb) with progress and prints its
-# test accuracy.
+# tenant, a quota and a vdev as an ops team would, uploads Fashion-MNIST as
+# the tenant's datasets, then submits examples/fashion-mlp (EPOCHS, default
+# 10), watches it train to the end and prints its test accuracy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EPOCHS=${1:-3}
+EPOCHS=${1:-10}
 scripts/setup.sh build
 B=$PWD/build
 D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)
@@ -27,6 +27,23 @@ gpuctl vdev create ml0 --device cpu --memory 2GiB --compute 100 --policy growth 
 gpuctl tenant list
 gpuctl vdev list
 
-echo "== training examples/fashion-mlp on Fashion-MNIST (60,000 images), $EPOCHS epochs"
-echo "\$ gpushare-run build/examples/fashion-mlp.pb --epochs $EPOCHS --threads $(nproc)"
-"$B/daemon/train/gpushare-run" "$B/examples/fashion-mlp.pb" --epochs "$EPOCHS" --threads "$(nproc)"
+echo "== the tenant's data: Debian's Fashion-MNIST, uploaded once (content-addressed)"
+FM=/usr/share/datasets/fashion-mnist
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+  "$B/client/gpuctl" dataset add "$f" "$FM/$f" >/dev/null
+done
+gpuctl dataset list
+
+echo "== examples/fashion-mlp (784-256-128-10, Adam, batch 128, $EPOCHS epochs): plan, submit, watch"
+JOB=$D/fashion-mlp.pb
+# The example trains 10 epochs; the demo's length is its argument.
+sed "s/^epochs: .*/epochs: $EPOCHS/" examples/fashion-mlp.txtpb >"$D/fashion-mlp.txtpb"
+protoc --encode=gpushare.v1.JobSpec --proto_path=proto gpushare.proto <"$D/fashion-mlp.txtpb" >"$JOB"
+gpuctl plan "$JOB" --vdev ml0
+echo "\$ gpuctl submit $JOB --watch"
+"$B/client/gpuctl" submit "$JOB" --watch
+ID=$("$B/client/gpuctl" --json list | python3 -c "import json,sys; print(json.load(sys.stdin)['job'][-1]['id'])")
+echo
+gpuctl status "$ID"
+ACC=$("$B/client/gpuctl" --json status "$ID" | python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['job']['epoch'][-1]['test_accuracy'])")
+echo "== fashion-mlp: test accuracy $ACC after $EPOCHS epochs"
