@@ -265,6 +265,17 @@ static uint32_t largest_fit(const Gpushare__V1__JobSpec *spec, const gs_backend 
 
 /* ------------------------------------------------------------- the table --- */
 
+/* "stem (conv2d)"; a generated name (dense_1) already says its kind. */
+static void row_name(const gs_plan_row *row, bool job, char *buf, size_t len) {
+  size_t k = strlen(row->kind);
+  if (job)
+    snprintf(buf, len, "job");
+  else if (!strncmp(row->layer, row->kind, k) && row->layer[k] == '_')
+    snprintf(buf, len, "%s", row->layer);
+  else
+    snprintf(buf, len, "%s (%s)", row->layer, row->kind);
+}
+
 char *gs_plan_format(const gs_plan *p, uint64_t limit) {
   sb s = {0};
   char a[32], bb[32], g[40];
@@ -273,15 +284,16 @@ char *gs_plan_format(const gs_plan *p, uint64_t limit) {
   /* Column widths: the layer column fits its longest name. */
   int wl = 14, ws = 12;
   for (size_t i = 0; i < p->n_rows; i++) {
-    int n = (int)(strlen(p->rows[i].layer) + strlen(p->rows[i].kind) + 3);
-    if (i + 1 == p->n_rows) n = 3;
+    char name[160];
+    row_name(&p->rows[i], i + 1 == p->n_rows, name, sizeof name);
+    int n = (int)strlen(name);
     if (n > wl) wl = n;
     int k = (int)strlen(p->rows[i].output_shape);
     if (k > ws) ws = k;
   }
   const int wn = 12, wb = 11;
   int width = wl + 1 + ws + 1 + wn;
-  sb_printf(&s, "%-*s %-*s %*s", wl, "Layer (kind)", ws, "Output shape", wn, "Param #");
+  sb_printf(&s, "%-*s %-*s %*s", wl, "Layer", ws, "Output shape", wn, "Param #");
   for (int r = 0; r < GS_ROLE_COUNT; r++)
     if (col[r]) {
       sb_printf(&s, " %*s", wb, gs_role_name((gs_role)r));
@@ -297,10 +309,7 @@ char *gs_plan_format(const gs_plan *p, uint64_t limit) {
   for (size_t i = 0; i < p->n_rows; i++) {
     const gs_plan_row *row = &p->rows[i];
     char name[160];
-    if (i + 1 == p->n_rows)
-      snprintf(name, sizeof name, "job");
-    else
-      snprintf(name, sizeof name, "%s (%s)", row->layer, row->kind);
+    row_name(row, i + 1 == p->n_rows, name, sizeof name);
     uint64_t tot = 0;
     for (int r = 0; r < GS_ROLE_COUNT; r++) tot += row->bytes[r];
     sb_printf(&s, "%-*s %-*s %*s", wl, name, ws, row->output_shape, wn,

@@ -15,6 +15,18 @@
  * /usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist), so the
  * examples run as shipped.
  *
+ * Memory (DESIGN.md section 5): the job runs in one vdev allocator of
+ * --memory-limit bytes (default half the machine's RAM) with --policy growth
+ * (default) or preallocate. Before any dataset is read the job is planned
+ * (plan.h) and admitted against that limit: over it, the run is refused with
+ * the plan and what would fit (exit 1), unless the spec's auto_fit or
+ * --auto-fit lets it take the largest micro-batch that fits, keeping the
+ * effective batch. --plan prints the plan and exits. An allocation that
+ * fails anyway (the device ran out, a fragmented vdev; forced in tests with
+ * --no-admission and --device-memory) fails the job, never the process, and
+ * prints the OOM report the daemon would store. --memory-report prints the
+ * job's memory timeline after the run.
+ *
  * Synthetic sets: gs_dataset_synthetic draws the class prototypes from the
  * seed, so a test set with another seed is another task. When train and test
  * are synthetic with the same seed and classes, the runner draws
@@ -40,6 +52,8 @@
 #include "gpushare.pb-c.h"
 #include "gs_error.h"
 #include "model.h"
+#include "plan.h"
+#include "size.h"
 #include "train.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
@@ -68,6 +82,28 @@ static void usage(FILE *f) {
           "  --export FILE       write the trained weights as safetensors\n"
           "  --data-dir DIR      where bare IDX file names are found\n"
           "                      (default " DEFAULT_DATA_DIR ")\n"
+          "\n"
+          "Memory:\n"
+          "  --plan              print the job's memory plan (per layer and role, the\n"
+          "                      predicted peak; with --memory-limit whether it fits)\n"
+          "                      and exit 0; with --json the plan as JSON\n"
+          "  --memory-limit SIZE the vdev's limit (\"512MiB\", \"2GiB\"; default half the\n"
+          "                      RAM). A job whose plan exceeds it is refused (exit 1)\n"
+          "                      with what would fit\n"
+          "  --auto-fit          over the limit, take the largest micro-batch dividing\n"
+          "                      the effective batch that fits, and the accumulation\n"
+          "                      that keeps it (as the spec's auto_fit does)\n"
+          "  --policy P          growth (reserve on demand, default) | preallocate\n"
+          "                      (reserve the whole limit up front)\n"
+          "  --memory-report     after the run, print the peak in use per step and the\n"
+          "                      bytes by layer and role at the peak\n"
+          "  --json              (with a run) also reports planned_peak_bytes; an OOM\n"
+          "                      prints {\"oom\":{...}} as the last line\n"
+          "Testing the out-of-memory paths:\n"
+          "  --no-admission      skip the admission check: an over-limit job then fails\n"
+          "                      at allocation with an OOM report (cause QUOTA)\n"
+          "  --device-memory SIZE pretend the device has only SIZE bytes for regions, so\n"
+          "                      a GROWTH vdev runs out of device first (cause PHYSICAL)\n"
           "  -h, --help          this text\n"
           "\n"
           "Encode a text job with:\n"
@@ -84,6 +120,28 @@ static int bad_flag(const char *flag, const char *value, const char *want) {
     fprintf(stderr, "gpushare-run: %s: %s\n", flag, want);
   fprintf(stderr, "Try 'gpushare-run --help'.\n");
   return 2;
+}
+
+/* A CPU backend whose device has only `cap` bytes for regions (--device-memory):
+ * regions past it are refused as a full GPU refuses cudaMalloc. */
+typedef struct capped_backend {
+  gs_backend b;       /* first, so the allocator's gs_backend * is this struct */
+  gs_backend *inner;
+  uint64_t cap, used;
+} capped_backend;
+
+static int capped_reserve(gs_backend *b, int dev, size_t bytes, void **region) {
+  capped_backend *c = (capped_backend *)b;
+  if (c->used + bytes > c->cap) return -ENOMEM;
+  int rc = c->inner->region_reserve(c->inner, dev, bytes, region);
+  if (rc == 0) c->used += bytes;
+  return rc;
+}
+
+static void capped_release(gs_backend *b, int dev, void *region, size_t bytes) {
+  capped_backend *c = (capped_backend *)b;
+  c->inner->region_release(c->inner, dev, region, bytes);
+  c->used -= bytes;
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
@@ -272,6 +330,27 @@ static const char *precision_name(int p) {
   }
 }
 
+static const char *cause_word(int c) {
+  switch (c) {
+  case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL";
+  case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION: return "FRAGMENTATION";
+  default: return "QUOTA";
+  }
+}
+
+static void json_str(const char *v) {
+  putchar('"');
+  for (const unsigned char *p = (const unsigned char *)(v ? v : ""); *p; p++) {
+    if (*p == '"' || *p == '\\')
+      printf("\\%c", *p);
+    else if (*p < 0x20)
+      printf("\\u%04x", *p);
+    else
+      putchar(*p);
+  }
+  putchar('"');
+}
+
 static void json_num(const char *k, double v, bool last) {
   if (isfinite(v))
     printf("\"%s\":%.9g%s", k, v, last ? "" : ",");
@@ -283,7 +362,10 @@ int main(int argc, char **argv) {
   const char *job = NULL, *ckpt = NULL, *resume = NULL, *export = NULL;
   const char *data_dir = DEFAULT_DATA_DIR;
   gs_train_options opt = {.threads = 1};
-  bool json = false;
+  bool json = false, plan_only = false, auto_fit = false, memory_report = false;
+  bool no_admission = false;
+  uint64_t memory_limit = 0, device_memory = 0;
+  gs_alloc_policy policy = GS_POLICY_GROWTH;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -299,6 +381,22 @@ int main(int argc, char **argv) {
       json = true;
       continue;
     }
+    if (!strcmp(a, "--plan")) {
+      plan_only = true;
+      continue;
+    }
+    if (!strcmp(a, "--auto-fit")) {
+      auto_fit = true;
+      continue;
+    }
+    if (!strcmp(a, "--memory-report")) {
+      memory_report = true;
+      continue;
+    }
+    if (!strcmp(a, "--no-admission")) {
+      no_admission = true;
+      continue;
+    }
     /* Every other flag takes a value: --flag VALUE or --flag=VALUE. */
     char flag[64];
     const char *val;
@@ -311,7 +409,8 @@ int main(int argc, char **argv) {
       val = i + 1 < argc ? argv[++i] : NULL;
     }
     static const char *const valued[] = {"--epochs", "--max-steps", "--precision", "--threads",
-                                         "--checkpoint", "--resume", "--export", "--data-dir"};
+                                         "--checkpoint", "--resume", "--export", "--data-dir",
+                                         "--memory-limit", "--policy", "--device-memory"};
     bool known = false;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(flag, valued[k]);
     if (!known) return bad_flag(flag, NULL, "unknown option");
@@ -338,6 +437,23 @@ int main(int argc, char **argv) {
         opt.precision = GPUSHARE__V1__PRECISION__MIXED_BFLOAT16;
       else
         return bad_flag(flag, val, "float32, mixed_float16 or mixed_bfloat16");
+    } else if (!strcmp(flag, "--memory-limit") || !strcmp(flag, "--device-memory")) {
+      gs_err se;
+      gs_err_clear(&se);
+      if (gs_size_parse(val, &v, &se) || v == 0)
+        return bad_flag(flag, val, v == 0 && !se.msg[0] ? "a size above 0, e.g. 512MiB or 2GiB"
+                                                        : se.msg);
+      if (!strcmp(flag, "--memory-limit"))
+        memory_limit = v;
+      else
+        device_memory = v;
+    } else if (!strcmp(flag, "--policy")) {
+      if (!strcmp(val, "growth"))
+        policy = GS_POLICY_GROWTH;
+      else if (!strcmp(val, "preallocate"))
+        policy = GS_POLICY_PREALLOCATE;
+      else
+        return bad_flag(flag, val, "growth or preallocate");
     } else if (!*val) {
       return bad_flag(flag, val, "a non-empty path");
     } else if (!strcmp(flag, "--checkpoint")) {
@@ -363,6 +479,15 @@ int main(int argc, char **argv) {
   gs_alloc *alloc = NULL;
   gs_train *t = NULL;
   gs_train_failure fail;
+  gs_admission adm;
+  bool have_adm = false;
+  Gpushare__V1__JobSpec run_spec = GPUSHARE__V1__JOB_SPEC__INIT;
+  Gpushare__V1__OomReport *oom = NULL;
+  gs_backend *cpu = gs_backend_cpu(), *b = cpu;
+  capped_backend capped = {.inner = cpu, .cap = device_memory};
+  uint64_t limit = 0, planned_peak = 0;
+  memset(&fail, 0, sizeof fail);
+  memset(&adm, 0, sizeof adm);
 
   if (!(buf = read_file(job, &len, &e))) goto fail;
   spec = gpushare__v1__job_spec__unpack(NULL, len, (const uint8_t *)buf);
@@ -381,10 +506,77 @@ int main(int argc, char **argv) {
   else
     snprintf(job_dir, sizeof job_dir, ".");
 
+  /* The spec as it will run: --precision replaces the spec's (and
+   * auto-fit its micro-batch and accumulation below), so the planner, the
+   * runtime and an OOM report all see the same job. */
+  run_spec = *spec;
+  if (opt.has_precision) {
+    run_spec.has_precision = true;
+    run_spec.precision = (Gpushare__V1__Precision)opt.precision;
+    opt.has_precision = false;
+  }
   /* The spec is validated before any dataset is read. */
   gs_model m;
-  if (gs_model_build(spec, &m, &e)) goto fail;
+  if (gs_model_build(&run_spec, &m, &e)) goto fail;
   gs_model_free(&m);
+
+  if (device_memory) {
+    capped.b = *cpu;
+    capped.b.region_reserve = capped_reserve;
+    capped.b.region_release = capped_release;
+    b = &capped.b;
+  }
+  uint64_t total = 0, free_bytes = 0;
+  if (cpu->device_memory(cpu, 0, &total, &free_bytes) || total == 0) {
+    gs_err_set(&e, GS_INTERNAL, "", "the %s backend cannot say how much memory it has",
+               cpu->name);
+    goto fail;
+  }
+  limit = memory_limit ? memory_limit : total / 2;
+
+  /* Plan and admission. */
+  bool fit_ok = auto_fit || (run_spec.has_auto_fit && run_spec.auto_fit);
+  if (gs_plan_admit(&run_spec, b, limit, fit_ok && !no_admission, &adm, &e)) goto fail;
+  have_adm = true;
+  if (plan_only) {
+    char *txt = json ? gs_plan_json(&adm.plan, limit) : gs_plan_format(&adm.plan, limit);
+    if (!txt) {
+      gs_err_set(&e, GS_INTERNAL, "", "out of host memory for the plan");
+      goto fail;
+    }
+    if (adm.chosen && !json)
+      printf("auto-fit: micro-batch %u x %u accumulation steps instead of %u x %u "
+             "(the effective batch stays %" PRIu64 ")\n",
+             adm.micro_batch, adm.accumulation_steps, run_spec.batch_size,
+             run_spec.accumulation_steps, (uint64_t)adm.micro_batch * adm.accumulation_steps);
+    printf("%s\n", txt);
+    if (!adm.fits && !json) printf("%s\n", adm.why);
+    free(txt);
+    status = 0;
+    goto out;
+  }
+  if (!adm.fits && !no_admission) {
+    char *txt = gs_plan_format(&adm.plan, limit);
+    fflush(stdout);
+    fprintf(stderr, "gpushare-run: the job does not fit its %s vdev: %s\n%s",
+            memory_limit ? "--memory-limit" : "default (half the RAM)", adm.why, txt ? txt : "");
+    free(txt);
+    status = 1;
+    goto out;
+  }
+  if (adm.chosen) {
+    char a1[32], a2[32];
+    printf("auto-fit: micro-batch %u x %u accumulation steps instead of %u x %u (effective "
+           "batch %" PRIu64 "): predicted peak %s fits the %s limit\n",
+           adm.micro_batch, adm.accumulation_steps, run_spec.batch_size,
+           run_spec.accumulation_steps, (uint64_t)adm.micro_batch * adm.accumulation_steps,
+           gs_size_format(adm.plan.peak_bytes, a1, sizeof a1),
+           gs_size_format(limit, a2, sizeof a2));
+    run_spec.has_batch_size = run_spec.has_accumulation_steps = true;
+    run_spec.batch_size = adm.micro_batch;
+    run_spec.accumulation_steps = adm.accumulation_steps;
+  }
+  planned_peak = adm.plan.peak_bytes;
   if (!spec->train) {
     gs_err_set(&e, GS_INVALID_ARGUMENT, "train", "the job has no train dataset");
     goto fail;
@@ -417,16 +609,9 @@ int main(int argc, char **argv) {
     }
   }
 
-  gs_backend *b = gs_backend_cpu();
-  uint64_t total = 0, free_bytes = 0;
-  if (b->device_memory(b, 0, &total, &free_bytes) || total == 0) {
-    gs_err_set(&e, GS_INTERNAL, "", "the %s backend cannot say how much memory it has",
-               b->name);
-    goto fail;
-  }
-  if (gs_alloc_create(b, 0, total / 2, GS_POLICY_GROWTH, &alloc)) {
-    gs_err_set(&e, GS_RESOURCE_EXHAUSTED, "", "cannot create a %" PRIu64 "-byte vdev on %s",
-               total / 2, b->name);
+  if (gs_alloc_create(b, 0, limit, policy, &alloc)) {
+    gs_err_set(&e, GS_RESOURCE_EXHAUSTED, "", "cannot create a %" PRIu64 "-byte %s vdev on %s",
+               limit, policy == GS_POLICY_PREALLOCATE ? "preallocated" : "growth", b->name);
     goto fail;
   }
 
@@ -443,7 +628,8 @@ int main(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
 
-  if (gs_train_create(spec, b, alloc, &train, have_test ? &test : NULL, &opt, &t, &fail, &e))
+  if (gs_train_create(&run_spec, b, alloc, &train, have_test ? &test : NULL, &opt, &t, &fail,
+                      &e))
     goto fail;
   const gs_model *gm = gs_train_model(t);
   const gs_recipe *r = gs_train_recipe(t);
@@ -473,6 +659,17 @@ int main(int argc, char **argv) {
     printf(", loss_scale %g, skipped %" PRIu64, (double)res.loss_scale, res.skipped_steps);
   printf("\n");
   if (export) printf("weights written to %s\n", export);
+  if (memory_report) {
+    Gpushare__V1__MemoryTimeline *tl = NULL;
+    char *txt = NULL;
+    if (gs_train_memory_timeline(t, planned_peak, &tl) == 0 &&
+        (txt = gs_plan_timeline_format(tl)))
+      printf("%s", txt);
+    else
+      fprintf(stderr, "gpushare-run: out of host memory for the memory report\n");
+    free(txt);
+    if (tl) gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+  }
   if (json) {
     printf("{");
     json_num("test_accuracy", res.test_accuracy, false);
@@ -480,7 +677,9 @@ int main(int argc, char **argv) {
     json_num("train_loss", res.train_loss, false);
     printf("\"steps\":%" PRIu64 ",\"epochs\":%u,", res.steps, res.epochs_done);
     json_num("samples_per_second", res.samples_per_second, false);
-    printf("\"peak_memory_bytes\":%" PRIu64 ",", res.peak_memory_bytes);
+    printf("\"peak_memory_bytes\":%" PRIu64 ",\"planned_peak_bytes\":%" PRIu64
+           ",\"memory_limit_bytes\":%" PRIu64 ",\"auto_fit\":%s,",
+           res.peak_memory_bytes, planned_peak, limit, adm.chosen ? "true" : "false");
     json_num("loss_scale", res.loss_scale, false);
     printf("\"skipped_steps\":%" PRIu64 ",\"precision\":\"%s\",\"batch_size\":%u,"
            "\"accumulation_steps\":%u,\"parameters\":%" PRIu64 ",\"threads\":%d,",
@@ -495,8 +694,36 @@ fail:
   fflush(stdout);
   fprintf(stderr, "gpushare-run: %s%s%s (%s)\n", e.field, e.field[0] ? ": " : "", e.msg,
           gs_code_name(e.code));
+  if (fail.oom) {
+    /* The same OomReport the daemon stores, printed for a person. */
+    gs_err e2;
+    gs_err_clear(&e2);
+    char *txt = NULL;
+    if (gs_plan_oom_report(&run_spec, b, &fail, "gpushare-run", &oom, &e2) ==
+            0 &&
+        (txt = gs_plan_oom_format(oom)))
+      fprintf(stderr, "%s", txt);
+    free(txt);
+    if (json && oom) {
+      printf("{\"oom\":{\"cause\":\"%s\",\"layer\":", cause_word(oom->cause));
+      json_str(oom->layer);
+      printf(",\"role\":");
+      json_str(oom->role);
+      printf(",\"shape\":");
+      json_str(oom->shape);
+      printf(",\"dtype\":");
+      json_str(oom->dtype);
+      printf(",\"bytes\":%" PRIu64 ",\"limit_bytes\":%" PRIu64 ",\"in_use_bytes\":%" PRIu64
+             ",\"reserved_bytes\":%" PRIu64 ",\"largest_free_bytes\":%" PRIu64
+             ",\"suggestions\":%zu}}\n",
+             oom->bytes, oom->limit_bytes, oom->in_use_bytes, oom->reserved_bytes,
+             oom->largest_free_bytes, oom->n_suggestion);
+    }
+  }
   status = 1;
 out:
+  gs_plan_oom_report_free(oom);
+  if (have_adm) gs_admission_free(&adm);
   gs_train_destroy(t);
   gs_alloc_destroy(alloc);
   gs_dataset_free(&train);

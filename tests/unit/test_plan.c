@@ -195,7 +195,7 @@ Test(plan, rows_and_table) {
   cr_expect_eq(sum, p.peak_bytes);
   char *txt = gs_plan_format(&p, p.peak_bytes + (1u << 20));
   cr_assert_not_null(txt);
-  cr_expect(strstr(txt, "dense_1 (dense)") && strstr(txt, "(128, 256)") &&
+  cr_expect(strstr(txt, "dense_1 ") && strstr(txt, "(128, 256)") &&
                 strstr(txt, "200,960") && strstr(txt, "Predicted peak") &&
                 strstr(txt, "fits (1.00 MiB to spare)"),
             "%s", txt);
