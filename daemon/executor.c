@@ -69,16 +69,20 @@
 #include "size.h"
 #include "train.h"
 #include "wire.h"
-#if __has_include("loader.h")
+/* executor.cmake defines these where the pieces are part of the build. */
+#ifdef GS_EXECUTOR_CUDA
 #include "loader.h" /* the CUDA plugin loader: gpuN devices */
-#define GS_EXECUTOR_CUDA 1
+#endif
+#ifdef GS_EXECUTOR_PLAN
+#include "plan.h" /* planned peaks and what would fit after an OOM */
 #endif
 
 #define VDEV_NAME_MAX 64
 #define PROGRESS_INTERVAL 0.25 /* seconds between two Progress of one job: ~4/s */
 #define STATS_INTERVAL 1.0     /* seconds between two Stats while jobs run */
 #define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
-#define TIMELINE_MAX 1024      /* memory samples kept per job */
+#define FAIRSHARE_SLICE 0.01   /* see fairshare.h: device time between two switches */
+#define OOM_SUGGESTIONS 4      /* what-would-fit lines in an OOM report */
 
 enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
 
@@ -98,11 +102,6 @@ typedef struct vdev {
   struct vdev *next;
 } vdev;
 
-typedef struct mem_row {   /* measured bytes of one layer by role */
-  char layer[GS_MODEL_NAME_MAX];
-  uint64_t bytes[GS_ROLE_COUNT];
-} mem_row;
-
 typedef struct job {
   uint64_t id;
   vdev *v;                 /* held (v->running) until the job ends */
@@ -118,10 +117,6 @@ typedef struct job {
   bool progress_sent;
   Gpushare__V1__EpochMetrics *epochs; /* one per epoch end, for Finished */
   size_t n_epochs, cap_epochs;
-  Gpushare__V1__MemoryStep *mem;      /* sampled with each Progress */
-  size_t n_mem;
-  mem_row *rows;           /* bytes by layer and role after create */
-  size_t n_rows, cap_rows;
   double device_seconds;   /* time on the device this run */
   struct job *next;
 } job;
@@ -482,13 +477,6 @@ static void on_step(void *user, const gs_train_progress *p) {
   if (j->progress_sent && now - j->last_progress < PROGRESS_INTERVAL && !last) return;
   j->progress_sent = true;
   j->last_progress = now;
-  if (j->n_mem < TIMELINE_MAX) {
-    Gpushare__V1__MemoryStep ms = GPUSHARE__V1__MEMORY_STEP__INIT;
-    ms.has_step = ms.has_peak_in_use_bytes = true;
-    ms.step = p->step;
-    ms.peak_in_use_bytes = p->memory_in_use;
-    j->mem[j->n_mem++] = ms;
-  }
   Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
   ev.has_job_id = ev.has_time_unix_ms = ev.has_state = true;
   ev.job_id = j->id;
@@ -566,26 +554,6 @@ static void on_epoch(void *user, const gs_train_epoch *e) {
   send_msg(&m);
 }
 
-static void add_row(void *u, const char *layer, gs_role role, uint64_t bytes) {
-  job *j = u;
-  size_t i;
-  for (i = 0; i < j->n_rows; i++)
-    if (!strcmp(j->rows[i].layer, layer)) break;
-  if (i == j->n_rows) {
-    if (j->n_rows == j->cap_rows) {
-      size_t cap = j->cap_rows ? 2 * j->cap_rows : 16;
-      mem_row *g = realloc(j->rows, cap * sizeof *g);
-      if (!g) return;
-      j->rows = g;
-      j->cap_rows = cap;
-    }
-    memset(&j->rows[i], 0, sizeof j->rows[i]);
-    snprintf(j->rows[i].layer, sizeof j->rows[i].layer, "%s", layer);
-    j->n_rows++;
-  }
-  if ((unsigned)role < GS_ROLE_COUNT) j->rows[i].bytes[role] += bytes;
-}
-
 static const char *cause_name(gs_oom_cause c) {
   switch (c) {
   case GS_OOM_PHYSICAL: return "PHYSICAL";
@@ -594,11 +562,58 @@ static const char *cause_name(gs_oom_cause c) {
   }
 }
 
+/* What an OOM report needs besides the failure: the sentence, and what
+ * would fit (the planner's suggestions), with the storage they point into. */
+typedef struct oom_text {
+  char explanation[1024];
+  Gpushare__V1__OomSuggestion sug[OOM_SUGGESTIONS], *psug[OOM_SUGGESTIONS];
+  char what[OOM_SUGGESTIONS][256];
+} oom_text;
+
+/* The planner's suggestions for the job against `budget` bytes. */
+static void oom_suggest(const Gpushare__V1__JobSpec *spec, uint64_t budget,
+                        Gpushare__V1__OomReport *o, oom_text *x) {
+#ifdef GS_EXECUTOR_PLAN
+  gs_plan_suggestion sg[OOM_SUGGESTIONS];
+  size_t n = 0;
+  gs_err e;
+  gs_err_clear(&e);
+  if (!budget || gs_plan_suggest(spec, X.b, budget, sg, OOM_SUGGESTIONS, &n, &e)) return;
+  for (size_t i = 0; i < n && i < OOM_SUGGESTIONS; i++) {
+    Gpushare__V1__OomSuggestion init = GPUSHARE__V1__OOM_SUGGESTION__INIT;
+    Gpushare__V1__OomSuggestion *s = &x->sug[i];
+    *s = init;
+    snprintf(x->what[i], sizeof x->what[i], "%s", sg[i].what);
+    s->what = x->what[i];
+    s->has_micro_batch = s->has_accumulation_steps = s->has_precision = true;
+    s->micro_batch = sg[i].micro_batch;
+    s->accumulation_steps = sg[i].accumulation_steps;
+    s->precision = (Gpushare__V1__Precision)sg[i].precision;
+    s->has_predicted_peak_bytes = s->has_saving_bytes = true;
+    s->predicted_peak_bytes = sg[i].predicted_peak_bytes;
+    s->saving_bytes = sg[i].saving_bytes;
+    x->psug[i] = s;
+    o->n_suggestion = i + 1;
+  }
+  o->suggestion = x->psug;
+#else
+  (void)spec;
+  (void)budget;
+  (void)o;
+  (void)x;
+#endif
+}
+
 /* The OomReport of an allocation that failed at create, with a sentence an
- * ML engineer reads at a glance. Strings point into f and v, and into
- * `explanation` (the caller's buffer). */
-static void oom_report(const gs_train_failure *f, const vdev *v, Gpushare__V1__OomReport *o,
-                       char *explanation, size_t len) {
+ * ML engineer reads at a glance and, where the planner is built in, what
+ * would fit: against the limit (QUOTA), the bytes the vdev did get from the
+ * device (PHYSICAL), the largest free block (FRAGMENTATION). Strings point
+ * into f, v and x. */
+static void oom_report(const Gpushare__V1__JobSpec *spec, const gs_train_failure *f,
+                       const vdev *v, Gpushare__V1__OomReport *o, oom_text *x) {
+  char *explanation = x->explanation;
+  size_t len = sizeof x->explanation;
+  uint64_t budget = f->why.stats.limit;
   const gs_alloc_stats *st = &f->why.stats;
   char lim[32], use[32], need[32], res[32], big[32], tot[32];
   gs_size_format(st->limit, lim, sizeof lim);
@@ -611,6 +626,7 @@ static void oom_report(const gs_train_failure *f, const vdev *v, Gpushare__V1__O
   const char *dt = gs_dtype_name(f->dtype);
   switch (f->why.cause) {
   case GS_OOM_PHYSICAL:
+    budget = st->reserved;
     snprintf(explanation, len,
              "the %s device has no memory left for vdev %s: it holds %s of its %s limit "
              "(%s in use) and could not reserve more for %s's %s %s %s %s (%s); "
@@ -618,6 +634,7 @@ static void oom_report(const gs_train_failure *f, const vdev *v, Gpushare__V1__O
              X.device, v->name, res, lim, use, f->layer, role, f->tensor, f->shape, dt, need);
     break;
   case GS_OOM_FRAGMENTATION:
+    budget = st->largest_free;
     snprintf(explanation, len,
              "vdev %s has %s free but in pieces: its largest free block is %s "
              "(fragmentation %.0f%%), and %s's %s %s %s %s need %s in one block",
@@ -651,6 +668,7 @@ static void oom_report(const gs_train_failure *f, const vdev *v, Gpushare__V1__O
   o->fragmentation = (float)st->fragmentation;
   o->cause = (Gpushare__V1__OomCause)f->why.cause;
   o->explanation = explanation;
+  oom_suggest(spec, budget, o, x);
   logf_("vdev %s: OOM (%s): %s", v->name, cause_name(f->why.cause), explanation);
 }
 
@@ -673,8 +691,10 @@ static void *job_main(void *arg) {
   memset(&fail, 0, sizeof fail);
   bool done = false;
   char reason[1024] = "";
-  char explanation[1024] = "";
+  oom_text oom_x;
   Gpushare__V1__OomReport oom = GPUSHARE__V1__OOM_REPORT__INIT;
+  Gpushare__V1__MemoryTimeline *tl = NULL;
+  uint64_t planned_peak = 0;
   bool have_oom = false;
   gs_train_result res;
   memset(&res, 0, sizeof res);
@@ -686,6 +706,18 @@ static void *job_main(void *arg) {
     goto report;
   }
   if (atomic_load(&j->stop)) goto report;
+#ifdef GS_EXECUTOR_PLAN
+  {
+    /* The planner's peak, reported beside the measured one (DESIGN 5). */
+    gs_plan plan;
+    gs_err pe;
+    gs_err_clear(&pe);
+    if (gs_plan_job(s->spec, X.b, &plan, &pe) == 0) {
+      planned_peak = plan.peak_bytes;
+      gs_plan_free(&plan);
+    }
+  }
+#endif
   gs_train_options opt = {0};
   opt.threads = X.threads;
   if (s->has_threads && s->threads > 0 && (int)s->threads < X.threads)
@@ -702,18 +734,19 @@ static void *job_main(void *arg) {
       logf_("job %" PRIu64 ": no checkpoint at %s yet; starting from the beginning", j->id,
             j->ckpt);
   }
+  pthread_mutex_lock(&X.lock);
+  /* Alone in its vdev: the peak it reports is its own, not an earlier job's. */
+  if (v->running == 1) gs_alloc_reset_peak(v->alloc);
+  pthread_mutex_unlock(&X.lock);
   if (gs_train_create(s->spec, X.b, v->alloc, &train, has_test ? &test : NULL, &opt, &t, &fail,
                       &e)) {
     err_text(&e, reason, sizeof reason);
     if (fail.oom) {
-      oom_report(&fail, v, &oom, explanation, sizeof explanation);
+      oom_report(s->spec, &fail, v, &oom, &oom_x);
       have_oom = true;
     }
     goto report;
   }
-  pthread_mutex_lock(&X.lock);
-  if (v->running == 1) gs_alloc_foreach_tag(v->alloc, add_row, j); /* alone: all is ours */
-  pthread_mutex_unlock(&X.lock);
   gs_fairshare_join(X.fs, v->slot);
   send_stats(); /* a job started: its memory is in use now */
 
@@ -733,6 +766,7 @@ static void *job_main(void *arg) {
   }
   gs_fairshare_leave(X.fs, v->slot);
   gs_train_result_get(t, &res);
+  if (gs_train_memory_timeline(t, planned_peak, &tl)) tl = NULL;
   if (rc) {
     err_text(&e, reason, sizeof reason);
   } else if (done && !res.cancelled) {
@@ -802,37 +836,7 @@ report:
   f.has_interrupted = true;
   f.interrupted = interrupted;
 
-  Gpushare__V1__MemoryTimeline tl = GPUSHARE__V1__MEMORY_TIMELINE__INIT;
-  Gpushare__V1__MemoryStep **pm = calloc(j->n_mem ? j->n_mem : 1, sizeof *pm);
-  Gpushare__V1__PlanRow *rows = calloc(j->n_rows ? j->n_rows : 1, sizeof *rows);
-  Gpushare__V1__PlanRow **prow = calloc(j->n_rows ? j->n_rows : 1, sizeof *prow);
-  if (pm && rows && prow && (j->n_mem || j->n_rows)) {
-    for (size_t i = 0; i < j->n_mem; i++) pm[i] = &j->mem[i];
-    tl.n_step = j->n_mem;
-    tl.step = pm;
-    for (size_t i = 0; i < j->n_rows; i++) {
-      Gpushare__V1__PlanRow r = GPUSHARE__V1__PLAN_ROW__INIT;
-      const uint64_t *b = j->rows[i].bytes;
-      r.layer = j->rows[i].layer;
-      r.has_weights_bytes = r.has_master_bytes = r.has_gradient_bytes = true;
-      r.weights_bytes = b[GS_ROLE_WEIGHTS];
-      r.master_bytes = b[GS_ROLE_MASTER];
-      r.gradient_bytes = b[GS_ROLE_GRADIENTS];
-      r.has_optimizer_bytes = r.has_activation_bytes = true;
-      r.optimizer_bytes = b[GS_ROLE_OPTIMIZER];
-      r.activation_bytes = b[GS_ROLE_ACTIVATIONS];
-      r.has_workspace_bytes = r.has_batch_bytes = true;
-      r.workspace_bytes = b[GS_ROLE_WORKSPACE];
-      r.batch_bytes = b[GS_ROLE_BATCH];
-      rows[i] = r;
-      prow[i] = &rows[i];
-    }
-    tl.n_at_peak = j->n_rows;
-    tl.at_peak = prow;
-    tl.has_peak_bytes = true;
-    tl.peak_bytes = res.peak_memory_bytes;
-    f.timeline = &tl;
-  }
+  f.timeline = tl;
 
   pthread_mutex_lock(&X.lock);
   if (--v->running == 0) vdev_idle(v);
@@ -848,9 +852,7 @@ report:
   if (state == GPUSHARE__V1__JOB_STATE__FAILED)
     logf_("job %" PRIu64 " failed: %s", j->id, reason);
   free(pe);
-  free(pm);
-  free(rows);
-  free(prow);
+  if (tl) gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
   atomic_store(&j->done, true);
   wake_main();
   return NULL;
@@ -860,8 +862,6 @@ static void job_free(job *j) {
   if (!j) return;
   if (j->msg) gpushare__exec__v1__to_executor__free_unpacked(j->msg, NULL);
   free(j->epochs);
-  free(j->mem);
-  free(j->rows);
   free(j);
 }
 
@@ -911,8 +911,7 @@ static void on_start(Gpushare__Exec__V1__ToExecutor *msg) {
     goto drop;
   }
   j = calloc(1, sizeof *j);
-  if (j) j->mem = calloc(TIMELINE_MAX, sizeof *j->mem);
-  if (!j || !j->mem) {
+  if (!j) {
     pthread_mutex_unlock(&X.lock);
     send_refusal(id, false, "the executor is out of host memory");
     goto drop;
@@ -1238,7 +1237,7 @@ int main(int argc, char **argv) {
   int status = 1;
   if (pthread_mutex_init(&X.write_lock, NULL)) return 1;
   if (pthread_mutex_init(&X.lock, NULL)) goto fail_write_lock;
-  if (gs_fairshare_create(FAIRSHARE_GRACE, &X.fs)) goto fail_lock;
+  if (gs_fairshare_create(FAIRSHARE_GRACE, FAIRSHARE_SLICE, &X.fs)) goto fail_lock;
   if (pipe2(X.wake, O_CLOEXEC | O_NONBLOCK)) {
     logf_("pipe: %s", strerror(errno));
     goto fail_fs;

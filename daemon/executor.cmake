@@ -12,6 +12,16 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/executor.c)
   target_link_libraries(gpushare-executor PRIVATE gsfairshare gstrain gstrain_io gsalloc
                         gskernels gsproto gscommon Threads::Threads m)
   install(TARGETS gpushare-executor RUNTIME DESTINATION bin)
+  # gpuN devices open the CUDA plugin through kernels/loader.c (in gskernels).
+  if(EXISTS ${GS_SOURCE_DIR}/kernels/loader.c AND EXISTS ${GS_SOURCE_DIR}/kernels/loader.h)
+    target_compile_definitions(gpushare-executor PRIVATE GS_EXECUTOR_CUDA=1)
+  endif()
+  # The planner (plan.cmake, included before this file): planned peaks in the
+  # memory timeline and what would fit in OOM reports.
+  if(TARGET gsplan)
+    target_link_libraries(gpushare-executor PRIVATE gsplan)
+    target_compile_definitions(gpushare-executor PRIVATE GS_EXECUTOR_PLAN=1)
+  endif()
 endif()
 
 if(GS_TESTS)
@@ -22,6 +32,11 @@ if(GS_TESTS)
                  LIBS gsproto gscommon)
     target_compile_definitions(test_executor PRIVATE
       GS_EXECUTOR_PATH="$<TARGET_FILE:gpushare-executor>")
+    if(TARGET gsplan)
+      # The test plans its job to size a vdev just too small for it.
+      target_link_libraries(test_executor PRIVATE gsplan)
+      target_compile_definitions(test_executor PRIVATE GS_EXECUTOR_PLAN=1)
+    endif()
     add_dependencies(test_executor gpushare-executor)
     # Shares run for a few seconds of training; minutes under the sanitizers.
     set_tests_properties(test_executor PROPERTIES TIMEOUT 900)

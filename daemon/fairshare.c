@@ -9,7 +9,9 @@
  * either have a job waiting or released the device less than `grace` ago,
  * and picks the smallest virtual time; when the pick is a vdev still inside
  * its grace, the waiters sleep until that grace ends (or until it comes back
- * and takes its turn). Every change that can let a waiter through (release,
+ * and takes its turn). Before that, the vdev holding the current slice keeps
+ * the device while it is a candidate and its slice has time left; a grant to
+ * any vdev outside a running slice starts a new slice. Every change that can let a waiter through (release,
  * leave, a share change, a removal) broadcasts; a grace that runs out is
  * seen by the timed wait. Slots live in an array of pointers so a job's
  * slot index stays valid while SetVdevs adds others.
@@ -43,6 +45,9 @@ struct gs_fairshare {
   int n, cap;            /* slots created so far, array size */
   bool busy;             /* a step is on the device */
   double grace;          /* seconds a vdev keeps its claim after a release */
+  double slice;          /* device seconds a vdev keeps the device for */
+  int current;           /* the vdev whose slice runs; -1: none */
+  double slice_used;     /* device seconds of the current slice so far */
 };
 
 static double now_s(void) {
@@ -51,7 +56,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int gs_fairshare_create(double grace_seconds, gs_fairshare **out) {
+int gs_fairshare_create(double grace_seconds, double slice_seconds, gs_fairshare **out) {
   *out = NULL;
   gs_fairshare *fs = calloc(1, sizeof *fs);
   if (!fs) return -ENOMEM;
@@ -63,6 +68,8 @@ int gs_fairshare_create(double grace_seconds, gs_fairshare **out) {
   if (rc) goto fail_free;
   if (pthread_mutex_init(&fs->lock, NULL)) goto fail_cond;
   fs->grace = grace_seconds > 0 && isfinite(grace_seconds) ? grace_seconds : 0;
+  fs->slice = slice_seconds > 0 && isfinite(slice_seconds) ? slice_seconds : 0;
+  fs->current = -1;
   *out = fs;
   return 0;
 fail_cond:
@@ -141,6 +148,7 @@ int gs_fairshare_remove(gs_fairshare *fs, int slot) {
     rc = -EBUSY;
   else
     s->used = false;
+  if (rc == 0 && fs->current == slot) fs->current = -1;
   pthread_cond_broadcast(&fs->cond);
   pthread_mutex_unlock(&fs->lock);
   return rc;
@@ -174,6 +182,16 @@ void gs_fairshare_leave(gs_fairshare *fs, int slot) {
  * to wait). Among equal virtual times a vdev with a job waiting wins, then
  * the lower index. */
 static int choose(gs_fairshare *fs, double now, double *wake_at) {
+  if (fs->current >= 0 && fs->slice_used < fs->slice) {
+    fs_slot *c = fs->slots[fs->current];
+    if (c->used && (c->jobs || c->waiting)) {
+      if (c->waiting) return fs->current;
+      if (now - c->last_release < fs->grace) {
+        *wake_at = c->last_release + fs->grace;
+        return -1;
+      }
+    }
+  }
   int best = -1;
   bool best_waiting = false;
   double best_vt = INFINITY;
@@ -231,6 +249,10 @@ void gs_fairshare_acquire(gs_fairshare *fs, int slot) {
   fs->busy = true;
   s->waiting--;
   s->serving++;
+  if (fs->current != slot || fs->slice_used >= fs->slice) {
+    fs->current = slot; /* a new slice */
+    fs->slice_used = 0;
+  }
   pthread_mutex_unlock(&fs->lock);
 }
 
@@ -242,6 +264,7 @@ void gs_fairshare_release(gs_fairshare *fs, int slot, double elapsed_seconds) {
     s->device_seconds += d;
     s->steps++;
     s->vt += d * 100.0 / s->share;
+    if (fs->current == slot) fs->slice_used += d;
     s->last_release = now_s();
   }
   fs->busy = false;

@@ -29,6 +29,10 @@
 #include "executor.pb-c.h"
 #include "gpushare.pb-c.h"
 #include "wire.h"
+#ifdef GS_EXECUTOR_PLAN
+#include "backend.h"
+#include "plan.h"
+#endif
 
 #ifndef GS_EXECUTOR_PATH
 #error "GS_EXECUTOR_PATH must name the built gpushare-executor"
@@ -403,6 +407,64 @@ Test(executor, an_oom_names_the_layer_and_spares_the_other_vdev, .timeout = 600)
   ex_close(&x);
 }
 
+#ifdef GS_EXECUTOR_PLAN
+/* A vdev 256 bytes short of the job's planned peak: the report says what
+ * would fit, from the planner, and it does fit. */
+Test(executor, an_oom_report_says_what_would_fit, .timeout = 600) {
+  job_spec js;
+  job_spec_init(&js, 30, 2);
+  gs_plan plan;
+  gs_err e;
+  cr_assert_eq(gs_plan_job(&js.spec, gs_backend_cpu(), &plan, &e), 0, "%s", e.msg);
+  uint64_t limit = plan.peak_bytes - 256;
+  gs_plan_free(&plan);
+
+  ex x;
+  ex_start(&x);
+  /* PREALLOCATE: one region, filled in order, so the failure is the quota. */
+  static const char *const names[] = {"snug"};
+  const uint64_t limits[] = {limit};
+  set_vdevs(&x, 1, names, limits, FULL, GPUSHARE__V1__POLICY__PREALLOCATE);
+  start_job(&x, 5, "snug", &js, "", "");
+  from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 5);
+  const Gpushare__Exec__V1__Finished *f = m->finished;
+  cr_expect_eq(f->state, GPUSHARE__V1__JOB_STATE__FAILED);
+  cr_assert_not_null(f->oom);
+  cr_expect_eq(f->oom->cause, GPUSHARE__V1__OOM_CAUSE__QUOTA);
+  cr_expect_eq(f->oom->limit_bytes, limit);
+  cr_assert_gt(f->oom->n_suggestion, 0, "no suggestion for a job 256 bytes over its limit");
+  for (size_t i = 0; i < f->oom->n_suggestion; i++) {
+    const Gpushare__V1__OomSuggestion *sg = f->oom->suggestion[i];
+    cr_log_info("suggestion: %s (peak %llu of %llu)", sg->what,
+                (unsigned long long)sg->predicted_peak_bytes, (unsigned long long)limit);
+    cr_expect_leq(sg->predicted_peak_bytes, limit);
+    cr_expect_gt(sg->saving_bytes, 0);
+  }
+  uint32_t mb = f->oom->suggestion[0]->micro_batch;
+  uint32_t k = f->oom->suggestion[0]->accumulation_steps;
+  gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+
+  /* Taking the first suggestion, the same job runs in the same vdev. */
+  if (mb * k == 16 && mb < 16) {
+    js.spec.batch_size = mb;
+    js.spec.has_accumulation_steps = true;
+    js.spec.accumulation_steps = k;
+    start_job(&x, 6, "snug", &js, "", "");
+    m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 6);
+    cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__SUCCEEDED, "%s",
+                 m->finished->reason ? m->finished->reason : "");
+    cr_assert_not_null(m->finished->timeline);
+    cr_expect_gt(m->finished->timeline->planned_peak_bytes, 0);
+    cr_expect_eq(m->finished->timeline->planned_peak_bytes, m->finished->timeline->peak_bytes,
+                 "the planner's peak %llu is the allocator's %llu",
+                 (unsigned long long)m->finished->timeline->planned_peak_bytes,
+                 (unsigned long long)m->finished->timeline->peak_bytes);
+    gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+  }
+  ex_close(&x);
+}
+#endif
+
 Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) {
   ex x;
   ex_start(&x);
@@ -479,6 +541,7 @@ Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {
   /* Baseline: the first Stats with both jobs running (each job's start sends
    * one), so steps one job took alone before the other joined do not count. */
   uint64_t a0 = 0, b0 = 0, a1 = 0, b1 = 0;
+  double da0 = 0, db0 = 0, da1 = 0, db1 = 0; /* device seconds, for the log */
   bool based = false;
   uint64_t first_done = 0;
   for (;;) {
@@ -489,11 +552,15 @@ Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {
         based = true;
         a0 = a->steps;
         b0 = b->steps;
+        da0 = a->device_seconds;
+        db0 = b->device_seconds;
       }
       if (first_done) {
         /* The Stats a job's end sends: the other job's count at that moment. */
         a1 = a->steps;
         b1 = b->steps;
+        da1 = a->device_seconds;
+        db1 = b->device_seconds;
         gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
         break;
       }
@@ -509,6 +576,8 @@ Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {
   cr_log_info("shares 75/25: steps %llu and %llu since both ran (from %llu / %llu): %.3f",
               (unsigned long long)(a1 - a0), (unsigned long long)(b1 - b0),
               (unsigned long long)a0, (unsigned long long)b0, ratio);
+  cr_log_info("shares 75/25: device seconds %.3f and %.3f: %.3f", da1 - da0, db1 - db0,
+              (da1 - da0) / (db1 - db0));
   cr_expect_float_eq(ratio, 3.0, 0.45, "step ratio %.3f, want 3 within 15%%", ratio);
   /* The other job still runs; end of file cancels it. */
   ex_close(&x);

@@ -84,7 +84,7 @@ static uint64_t slot_steps(gs_fairshare *fs, int slot) {
 Test(fairshare, shares_75_25_split_device_time_3_to_1, .timeout = 120) {
   reset();
   gs_fairshare *fs;
-  cr_assert_eq(gs_fairshare_create(0.05, &fs), 0);
+  cr_assert_eq(gs_fairshare_create(0.05, 0, &fs), 0);
   int a, b;
   cr_assert_eq(gs_fairshare_add(fs, 75, &a), 0);
   cr_assert_eq(gs_fairshare_add(fs, 25, &b), 0);
@@ -117,10 +117,44 @@ Test(fairshare, shares_75_25_split_device_time_3_to_1, .timeout = 120) {
   gs_fairshare_destroy(fs);
 }
 
+/* With a 10 ms slice the device changes hands about every 10 ms of steps,
+ * not at every step, and the split is still 3:1. */
+Test(fairshare, slices_keep_the_shares_and_switch_less, .timeout = 120) {
+  reset();
+  gs_fairshare *fs;
+  cr_assert_eq(gs_fairshare_create(0.05, 0.01, &fs), 0);
+  int a, b;
+  cr_assert_eq(gs_fairshare_add(fs, 75, &a), 0);
+  cr_assert_eq(gs_fairshare_add(fs, 25, &b), 0);
+  gs_fairshare_join(fs, a);
+  gs_fairshare_join(fs, b);
+  worker wa = {.fs = fs, .slot = a, .step_s = 0.001};
+  worker wb = {.fs = fs, .slot = b, .step_s = 0.001};
+  start(&wa);
+  start(&wb);
+  wait_grants(8000);
+  atomic_store(&g_stop, true);
+  finish(&wa);
+  finish(&wb);
+  gs_fairshare_leave(fs, a);
+  gs_fairshare_leave(fs, b);
+  int n = atomic_load(&g_nseq);
+  int switches = 0;
+  for (int i = 1; i < n; i++) switches += g_seq[i] != g_seq[i - 1];
+  double ratio = wa.seconds / wb.seconds;
+  cr_log_info("slices: %d grants, %d switches, device time ratio %.3f", n, switches, ratio);
+  cr_expect_float_eq(ratio, 3.0, 0.09, "device time ratio %.3f", ratio);
+  /* 1 ms steps in 10 ms slices: a switch every 10 steps at most (the per-step
+   * schedule switches every 2 of 4 grants). */
+  cr_expect_leq(switches, n / 8, "%d switches in %d grants", switches, n);
+  cr_expect_eq(atomic_load(&g_overlap), 0);
+  gs_fairshare_destroy(fs);
+}
+
 Test(fairshare, jobs_of_one_vdev_take_turns, .timeout = 120) {
   reset();
   gs_fairshare *fs;
-  cr_assert_eq(gs_fairshare_create(0.05, &fs), 0);
+  cr_assert_eq(gs_fairshare_create(0.05, 0, &fs), 0);
   int a, b;
   cr_assert_eq(gs_fairshare_add(fs, 50, &a), 0);
   cr_assert_eq(gs_fairshare_add(fs, 50, &b), 0);
@@ -153,7 +187,7 @@ Test(fairshare, jobs_of_one_vdev_take_turns, .timeout = 120) {
 Test(fairshare, an_idle_vdev_does_not_block_others, .timeout = 120) {
   reset();
   gs_fairshare *fs;
-  cr_assert_eq(gs_fairshare_create(0.02, &fs), 0);
+  cr_assert_eq(gs_fairshare_create(0.02, 0, &fs), 0);
   int a, idle, parked;
   cr_assert_eq(gs_fairshare_add(fs, 25, &a), 0);
   cr_assert_eq(gs_fairshare_add(fs, 75, &idle), 0);  /* no job at all */
@@ -184,7 +218,7 @@ Test(fairshare, an_idle_vdev_does_not_block_others, .timeout = 120) {
 Test(fairshare, a_vdev_joining_late_gets_no_burst, .timeout = 120) {
   reset();
   gs_fairshare *fs;
-  cr_assert_eq(gs_fairshare_create(0.05, &fs), 0);
+  cr_assert_eq(gs_fairshare_create(0.05, 0, &fs), 0);
   int a, b;
   cr_assert_eq(gs_fairshare_add(fs, 50, &a), 0);
   cr_assert_eq(gs_fairshare_add(fs, 50, &b), 0);
@@ -230,7 +264,7 @@ Test(fairshare, a_vdev_joining_late_gets_no_burst, .timeout = 120) {
 
 Test(fairshare, slots_are_added_changed_and_removed) {
   gs_fairshare *fs;
-  cr_assert_eq(gs_fairshare_create(0.05, &fs), 0);
+  cr_assert_eq(gs_fairshare_create(0.05, 0, &fs), 0);
   int a, b, c;
   cr_assert_eq(gs_fairshare_add(fs, 0, &a), 0);
   cr_assert_eq(gs_fairshare_add(fs, 40, &b), 0);
