@@ -1389,11 +1389,44 @@ out:
   return rc;
 }
 
+static const char *oom_cause_text(int c) {
+  switch (c) {
+    case GPUSHARE__V1__OOM_CAUSE__QUOTA: return "QUOTA: the vdev's memory limit is reached";
+    case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL: the physical device has no more memory";
+    case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION:
+      return "FRAGMENTATION: enough free bytes in total, but no free block large enough";
+    default: return enum_name(&gpushare__v1__oom_cause__descriptor, c);
+  }
+}
+
+/* An OomReport as a reader wants it: what could not be placed, the vdev as
+ * it stood, why, and what would fit. */
+static void oom_print(FILE *f, const Gpushare__V1__OomReport *o) {
+  fprintf(f, "\nout of memory:\n");
+  fprintf(f, "  tensor:       layer %s, %s %s %s, %s\n", o->layer && *o->layer ? o->layer : "?",
+          o->role && *o->role ? o->role : "?", o->shape && *o->shape ? o->shape : "?",
+          o->dtype && *o->dtype ? o->dtype : "?", fsize(o->bytes));
+  fprintf(f, "  vdev:         %s: limit %s, in use %s, reserved %s\n", o->vdev && *o->vdev ? o->vdev : "?",
+          fsize(o->limit_bytes), fsize(o->in_use_bytes), fsize(o->reserved_bytes));
+  fprintf(f, "                largest free block %s, fragmentation %.1f%%\n", fsize(o->largest_free_bytes),
+          100.0 * o->fragmentation);
+  fprintf(f, "  cause:        %s\n", oom_cause_text(o->cause));
+  if (o->explanation && *o->explanation) fprintf(f, "  explanation:  %s\n", o->explanation);
+  for (size_t i = 0; i < o->n_suggestion; i++) {
+    const Gpushare__V1__OomSuggestion *s = o->suggestion[i];
+    fprintf(f, "  %s %s", i ? "              " : "suggestions: ", s->what ? s->what : "");
+    if (s->predicted_peak_bytes)
+      fprintf(f, " (predicted peak %s, saves %s)", fsize(s->predicted_peak_bytes), fsize(s->saving_bytes));
+    fputc('\n', f);
+  }
+}
+
 static void job_show(const Gpushare__V1__Job *j) {
   printf("job:          %" PRIu64 "\n", j->id);
   if (j->name && *j->name) printf("name:         %s\n", j->name);
   printf("tenant:       %s\n", j->tenant ? j->tenant : "");
-  printf("vdev:         %s\n", j->vdev ? j->vdev : "");
+  printf("vdev:         %s%s%s%s\n", j->vdev ? j->vdev : "", j->device && *j->device ? " (device " : "",
+         j->device && *j->device ? j->device : "", j->device && *j->device ? ")" : "");
   printf("state:        %s\n", state_name(j->state));
   if (j->reason && *j->reason) printf("reason:       %s\n", j->reason);
   printf("priority:     %" PRId32 "\n", j->priority);
@@ -1408,7 +1441,9 @@ static void job_show(const Gpushare__V1__Job *j) {
   if (j->micro_batch)
     printf("batch:        micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps\n", j->micro_batch,
            j->accumulation_steps);
+  if (j->spec) printf("precision:    %s\n", precision_name(j->spec->precision));
   if (j->planned_peak_bytes) printf("planned peak: %s\n", fsize(j->planned_peak_bytes));
+  if (j->restarts) printf("restarts:     %" PRIu32 " (executor deaths it lived through)\n", j->restarts);
   if (j->n_epoch) {
     printf("\n");
     table t = {0};
@@ -1427,22 +1462,7 @@ static void job_show(const Gpushare__V1__Job *j) {
     }
     table_print(&t);
   }
-  const Gpushare__V1__OomReport *o = j->oom;
-  if (o) {
-    printf("\nout of memory: %s\n", o->explanation && *o->explanation ? o->explanation : "");
-    printf("  tensor:     %s %s %s %s, %s\n", o->layer ? o->layer : "?", o->role ? o->role : "?",
-           o->shape ? o->shape : "?", o->dtype ? o->dtype : "?", fsize(o->bytes));
-    printf("  vdev:       %s: limit %s, in use %s, reserved %s, largest free %s, fragmentation %.1f%%\n",
-           o->vdev ? o->vdev : "?", fsize(o->limit_bytes), fsize(o->in_use_bytes), fsize(o->reserved_bytes),
-           fsize(o->largest_free_bytes), 100.0 * o->fragmentation);
-    printf("  cause:      %s\n", enum_name(&gpushare__v1__oom_cause__descriptor, o->cause));
-    for (size_t i = 0; i < o->n_suggestion; i++) {
-      const Gpushare__V1__OomSuggestion *s = o->suggestion[i];
-      printf("  try:        %s", s->what ? s->what : "");
-      if (s->predicted_peak_bytes) printf(" (peak %s, saves %s)", fsize(s->predicted_peak_bytes), fsize(s->saving_bytes));
-      printf("\n");
-    }
-  }
+  if (j->oom) oom_print(stdout, j->oom);
 }
 
 static void status_human(cli *x, const Gpushare__V1__Response *r) {
@@ -1516,13 +1536,144 @@ static void event_line(const Gpushare__V1__JobEvent *ev, char *buf, size_t n) {
 #undef ADD
 }
 
-static int final_state_exit(uint64_t id, int state, const char *why) {
-  if (state == GPUSHARE__V1__JOB_STATE__SUCCEEDED) return EXIT_OK;
-  fprintf(stderr, "gpuctl: job %" PRIu64 " %s%s%s\n", id, state_name(state), why && *why ? ": " : "",
-          why ? why : "");
-  return EXIT_FAIL;
+/* What gpuctl watch shows, and how (see watch_job). */
+typedef struct watch_view {
+  int tty;             /* stdout is a terminal: one live line */
+  int cols;            /* its width (the live line is cut to fit) */
+  int live;            /* a live line is on screen, without its newline */
+  double last_plain;   /* monotonic time of the last plain progress line */
+  int have_acc;        /* an epoch has ended: acc is its test accuracy */
+  float acc;
+  int last_state;      /* -1 before the first event */
+} watch_view;
+
+#define WATCH_PLAIN_INTERVAL 5.0 /* seconds between two progress lines off a terminal */
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* "job 7  epoch 2  step 340/1875 (18.1%)  loss 0.4123  acc 86.20%
+ *  12345 samples/s  mem 1.20 MiB / 64.0 MiB  scale 32768" */
+static void progress_line(const watch_view *v, const Gpushare__V1__JobEvent *ev, char *buf, size_t n) {
+  size_t off = 0;
+#define ADD(...) \
+  do { \
+    if (off < n) off += (size_t)snprintf(buf + off, n - off, __VA_ARGS__); \
+  } while (0)
+  ADD("job %" PRIu64, ev->job_id);
+  if (ev->has_epoch) ADD("  epoch %" PRIu32, ev->epoch);
+  if (ev->total_steps)
+    ADD("  step %" PRIu64 "/%" PRIu64 " (%.1f%%)", ev->step, ev->total_steps,
+        100.0 * (double)ev->step / (double)ev->total_steps);
+  else if (ev->has_step)
+    ADD("  step %" PRIu64, ev->step);
+  if (ev->has_loss) ADD("  loss %.4f", ev->loss);
+  if (v->have_acc) ADD("  acc %.2f%%", 100.0 * v->acc);
+  if (ev->has_samples_per_second && ev->samples_per_second > 0) ADD("  %.0f samples/s", ev->samples_per_second);
+  if (ev->has_memory_in_use) {
+    ADD("  mem %s", fsize(ev->memory_in_use));
+    if (ev->memory_limit) ADD(" / %s", fsize(ev->memory_limit));
+  }
+  /* fp16's dynamic loss scale; fp32 and bf16 report 1 (or nothing) */
+  if (ev->has_loss_scale && ev->loss_scale > 0 && ev->loss_scale != 1.0f) ADD("  scale %g", ev->loss_scale);
+#undef ADD
+}
+
+static void epoch_line(uint64_t id, const Gpushare__V1__EpochMetrics *m, char *buf, size_t n) {
+  int k = snprintf(buf, n,
+                   "job %" PRIu64 "  epoch %" PRIu32 " done: train loss %.4f, test loss %.4f, test accuracy %.2f%%, "
+                   "%.0f samples/s, peak %s",
+                   id, m->epoch, m->train_loss, m->test_loss, 100.0 * m->test_accuracy, m->samples_per_second,
+                   fsize(m->peak_memory_bytes));
+  if (k > 0 && (size_t)k < n && m->has_loss_scale && m->loss_scale > 0 && m->loss_scale != 1.0f)
+    snprintf(buf + k, n - (size_t)k, ", loss scale %g, %" PRIu64 " skipped", m->loss_scale, m->skipped_steps);
+}
+
+/* A line that stays: it replaces the live line on a terminal. */
+static void watch_put(watch_view *v, const char *line) {
+  if (v->tty && v->live) fputs("\r\033[K", stdout);
+  printf("%s\n", line);
+  v->live = 0;
+  fflush(stdout);
+}
+
+/* A progress line: live on a terminal, else at most every few seconds. */
+static void watch_progress(watch_view *v, const char *line) {
+  if (v->tty) {
+    int w = v->cols > 1 ? v->cols - 1 : 79;
+    printf("\r%.*s\033[K", w, line);
+    v->live = 1;
+  } else {
+    double now = mono_now();
+    if (v->last_plain > 0 && now - v->last_plain < WATCH_PLAIN_INTERVAL) return;
+    v->last_plain = now;
+    printf("%s\n", line);
+  }
+  fflush(stdout);
+}
+
+/* A state event's message without the "STATE: " the daemon puts first. */
+static const char *event_reason(const Gpushare__V1__JobEvent *ev) {
+  const char *m = ev->message;
+  if (!m || !*m) return NULL;
+  const char *st = state_name(ev->state);
+  size_t n = strlen(st);
+  if (!strncmp(m, st, n)) {
+    if (!m[n]) return NULL;
+    if (m[n] == ':' && m[n + 1] == ' ') return m + n + 2;
+  }
+  return m;
+}
+
+static void watch_event(watch_view *v, const Gpushare__V1__JobEvent *ev) {
+  char line[1024];
+  if (ev->epoch_end) {
+    v->have_acc = 1;
+    v->acc = ev->epoch_end->test_accuracy;
+    epoch_line(ev->job_id, ev->epoch_end, line, sizeof line);
+    watch_put(v, line);
+  } else if (v->last_state < 0 || (int)ev->state != v->last_state) {
+    /* the first event (the job as it stands) and every change of state */
+    if (v->last_state < 0 && ev->has_accuracy && ev->has_epoch) {
+      v->have_acc = 1;
+      v->acc = ev->accuracy;
+    }
+    const char *why = event_reason(ev);
+    int k = snprintf(line, sizeof line, "job %" PRIu64 " %s", ev->job_id, state_name(ev->state));
+    if (k > 0 && (size_t)k < sizeof line && ev->step)
+      k += snprintf(line + k, sizeof line - (size_t)k, " at step %" PRIu64 "/%" PRIu64, ev->step, ev->total_steps);
+    if (k > 0 && (size_t)k < sizeof line && why) snprintf(line + k, sizeof line - (size_t)k, ": %s", why);
+    watch_put(v, line);
+  } else {
+    progress_line(v, ev, line, sizeof line);
+    watch_progress(v, line);
+  }
+  if (ev->has_state) v->last_state = (int)ev->state;
+}
+
+/* The job as the daemon has it after its end; NULL when it cannot be asked
+ * (the final event then says how it ended). Freed with
+ * gs_client_free_response. */
+static Gpushare__V1__Response *ended_job(cli *x, uint64_t id) {
+  REQ(req, job_status, JOB_STATUS, Gpushare__V1__JobStatusRequest, GPUSHARE__V1__JOB_STATUS_REQUEST__INIT);
+  job_status_msg.has_id = 1;
+  job_status_msg.id = id;
+  Gpushare__V1__Response *r = NULL;
+  gs_err e = {0};
+  if (gs_client_call(x->c, &req, &r, &e) || r->result_case != GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS ||
+      !r->job_status->job) {
+    gs_client_free_response(r);
+    return NULL;
+  }
+  return r;
+}
+
+/* Follow job id to its end. Exit 0 only when it SUCCEEDED. After the final
+ * event the job is asked for once more: its record has the reason, the
+ * epochs and, when it ran out of memory, the OomReport. */
 static int watch_job(cli *x, uint64_t id) {
   if (connect_daemon(x)) return EXIT_FAIL;
   REQ(req, watch, WATCH, Gpushare__V1__WatchRequest, GPUSHARE__V1__WATCH_REQUEST__INIT);
@@ -1532,66 +1683,71 @@ static int watch_job(cli *x, uint64_t id) {
   uint64_t rid;
   int rc = gs_client_send(x->c, &req, &rid, &e);
   if (rc) return report(rc, &e);
-  int tty = isatty(STDOUT_FILENO);
-  int live = 0; /* a \r line is on screen */
-  int last_state = -1;
-  char last_msg[512] = "";
+  watch_view v = {.tty = isatty(STDOUT_FILENO), .cols = 80, .last_state = -1};
+  struct winsize ws;
+  if (v.tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) v.cols = ws.ws_col;
+  int final_state = -1;
+  char final_msg[512] = "";
   for (;;) {
     Gpushare__V1__Response *r;
     rc = gs_client_recv(x->c, rid, &r, &e);
     if (rc) {
-      if (live) fputc('\n', stdout);
+      if (v.live) fputc('\n', stdout);
       gs_client_free_response(r);
-      return report(rc, &e);
+      report(rc, &e);
+      return fail("lost the daemon while watching job %" PRIu64 "; gpuctl watch %" PRIu64 " follows it again",
+                  id, id);
     }
     if (r->result_case != GPUSHARE__V1__RESPONSE__RESULT_WATCH) {
       gs_client_free_response(r);
-      if (live) fputc('\n', stdout);
+      if (v.live) fputc('\n', stdout);
       return fail("INTERNAL: gpushared answered a watch with another call's result");
     }
     const Gpushare__V1__WatchResponse *w = r->watch;
     const Gpushare__V1__JobEvent *ev = w->event;
-    if (x->json) {
-      print_json(&w->base);
-    } else if (ev) {
-      char line[1024];
-      event_line(ev, line, sizeof line);
-      int milestone = (int)ev->state != last_state || ev->epoch_end || (ev->message && *ev->message) || w->final;
-      if (tty) {
-        printf("\r%s\033[K%s", line, milestone ? "\n" : "");
-        live = !milestone;
-      } else {
-        printf("%s\n", line);
-      }
-      fflush(stdout);
-    }
-    if (ev && ev->has_state) last_state = (int)ev->state;
-    if (ev && ev->message) snprintf(last_msg, sizeof last_msg, "%s", ev->message);
     int final = w->has_final && w->final;
+    if (x->json) print_json(&w->base);
+    else if (ev && !final) watch_event(&v, ev);
+    if (final && ev) {
+      final_state = ev->has_state ? (int)ev->state : -1;
+      const char *why = event_reason(ev);
+      if (why) snprintf(final_msg, sizeof final_msg, "%s", why);
+    }
     gs_client_free_response(r);
     if (final) break;
   }
-  if (live) fputc('\n', stdout);
-  if (last_state == GPUSHARE__V1__JOB_STATE__QUEUED || last_state == GPUSHARE__V1__JOB_STATE__RUNNING ||
-      last_state < 0) {
-    /* the final event did not carry the outcome: ask for it */
-    REQ(sreq, job_status, JOB_STATUS, Gpushare__V1__JobStatusRequest, GPUSHARE__V1__JOB_STATUS_REQUEST__INIT);
-    job_status_msg.has_id = 1;
-    job_status_msg.id = id;
-    Gpushare__V1__Response *r;
-    if (call(x, &sreq, &r)) {
-      gs_client_free_response(r);
-      return EXIT_FAIL;
+  if (v.live) fputc('\n', stdout);
+  fflush(stdout);
+
+  Gpushare__V1__Response *sr = ended_job(x, id);
+  const Gpushare__V1__Job *j = sr ? sr->job_status->job : NULL;
+  int st = j && j->has_state ? (int)j->state : final_state;
+  const char *why = j && j->reason && *j->reason ? j->reason : final_msg[0] ? final_msg : NULL;
+  if (!x->json) {
+    /* the last line: how it ended, with the test accuracy of its last epoch */
+    printf("job %" PRIu64 " %s", id, st >= 0 ? state_name(st) : "ended");
+    if (j && j->step) printf(" at step %" PRIu64 "/%" PRIu64, j->step, j->total_steps);
+    if (j && j->n_epoch) {
+      const Gpushare__V1__EpochMetrics *m = j->epoch[j->n_epoch - 1];
+      printf(" after %zu epoch%s: test accuracy %.2f%%, test loss %.4f", j->n_epoch, j->n_epoch == 1 ? "" : "s",
+             100.0 * m->test_accuracy, m->test_loss);
+    } else if (v.have_acc) {
+      printf(": test accuracy %.2f%%", 100.0 * v.acc);
     }
-    int st = r->result_case == GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS && r->job_status->job
-                 ? (int)r->job_status->job->state : -1;
-    char why[512] = "";
-    if (st >= 0 && r->job_status->job->reason) snprintf(why, sizeof why, "%s", r->job_status->job->reason);
-    gs_client_free_response(r);
-    if (st < 0) return fail("INTERNAL: gpushared did not say how job %" PRIu64 " ended", id);
-    return final_state_exit(id, st, why);
+    if (j && j->started_unix && j->finished_unix >= j->started_unix)
+      printf(" (%" PRId64 " s)", j->finished_unix - j->started_unix);
+    printf("\n");
+    fflush(stdout);
   }
-  return final_state_exit(id, last_state, last_msg);
+  int out = EXIT_OK;
+  if (st != GPUSHARE__V1__JOB_STATE__SUCCEEDED) {
+    out = EXIT_FAIL;
+    if (st < 0) fprintf(stderr, "gpuctl: gpushared did not say how job %" PRIu64 " ended\n", id);
+    else fprintf(stderr, "gpuctl: job %" PRIu64 " %s%s%s\n", id, state_name(st), why ? ": " : "", why ? why : "");
+    if (j && j->oom) oom_print(stderr, j->oom);
+  }
+  gs_client_free_response(sr);
+  return out;
 }
 
 static int cmd_watch(cli *x, parsed *p) {
@@ -1693,45 +1849,80 @@ static int cmd_fetch(cli *x, parsed *p) {
   return EXIT_OK;
 }
 
+#define CHART_ROWS 20  /* rows of the per-step chart; steps are grouped to fit */
+#define CHART_WIDTH 50 /* characters of the longest bar */
+
+/* Peak in use per step as horizontal bars, one row per group of steps (the
+ * highest peak of the group), scaled to the larger of the measured and the
+ * planned peak, with '|' where the planned peak lies. */
+static void memory_chart(const Gpushare__V1__MemoryTimeline *tl) {
+  size_t n = tl->n_step, rows = n < CHART_ROWS ? n : CHART_ROWS;
+  uint64_t top = tl->planned_peak_bytes;
+  for (size_t i = 0; i < n; i++)
+    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
+  if (!top) top = 1;
+  size_t plan_col = tl->planned_peak_bytes ? (size_t)((double)tl->planned_peak_bytes / (double)top * CHART_WIDTH) : 0;
+  if (plan_col >= CHART_WIDTH) plan_col = CHART_WIDTH - 1;
+  printf("\npeak in use by step (%s full scale", fsize(top));
+  if (tl->planned_peak_bytes) printf("; | is the planned peak %s", fsize(tl->planned_peak_bytes));
+  printf("):\n");
+  for (size_t r = 0; r < rows; r++) {
+    size_t lo = r * n / rows, hi = (r + 1) * n / rows; /* steps [lo, hi) of the list */
+    uint64_t peak = 0;
+    for (size_t i = lo; i < hi; i++)
+      if (tl->step[i]->peak_in_use_bytes > peak) peak = tl->step[i]->peak_in_use_bytes;
+    char label[48], bar[CHART_WIDTH + 1];
+    if (hi - lo == 1) snprintf(label, sizeof label, "step %" PRIu64, tl->step[lo]->step);
+    else snprintf(label, sizeof label, "steps %" PRIu64 "-%" PRIu64, tl->step[lo]->step, tl->step[hi - 1]->step);
+    size_t len = (size_t)((double)peak / (double)top * CHART_WIDTH + 0.5);
+    if (len > CHART_WIDTH) len = CHART_WIDTH;
+    for (size_t c = 0; c < CHART_WIDTH; c++) bar[c] = c < len ? '#' : ' ';
+    if (tl->planned_peak_bytes && bar[plan_col] == ' ') bar[plan_col] = '|';
+    bar[CHART_WIDTH] = '\0';
+    printf("  %-20s %s %s\n", label, bar, fsize(peak));
+  }
+}
+
 static void memory_human(cli *x, const Gpushare__V1__Response *r) {
   (void)x;
   const Gpushare__V1__MemoryTimeline *tl = r->memory->timeline;
   if (!tl) return;
+  if (!tl->n_step && !tl->n_at_peak && !tl->peak_bytes) {
+    printf("planned peak:  %s\n", fsize(tl->planned_peak_bytes));
+    printf("(the measured timeline is there once the job has ended)\n");
+    return;
+  }
   printf("measured peak: %s\n", fsize(tl->peak_bytes));
   if (tl->planned_peak_bytes)
-    printf("planned peak:  %s (measured/planned %.3f)\n", fsize(tl->planned_peak_bytes),
-           (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
+    printf("planned peak:  %s (measured is %.1f%% of planned)\n", fsize(tl->planned_peak_bytes),
+           100.0 * (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
+  if (tl->n_step) memory_chart(tl);
   if (tl->n_at_peak) {
     printf("\nat the peak, by layer and role:\n");
     table t = {0};
-    table_header(&t, 0x7f0u, (const char *const[]){"LAYER", "KIND", "OUTPUT", "WEIGHTS", "MASTER", "GRADIENTS",
-                                                  "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", NULL});
+    table_header(&t, 0x7f8u, (const char *const[]){"LAYER", "KIND", "OUTPUT", "WEIGHTS", "MASTER", "GRADIENTS",
+                                                  "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", "TOTAL", NULL});
+    uint64_t sum[8] = {0};
     for (size_t i = 0; i < tl->n_at_peak; i++) {
       const Gpushare__V1__PlanRow *pr = tl->at_peak[i];
+      uint64_t v[7] = {pr->weights_bytes, pr->master_bytes, pr->gradient_bytes, pr->optimizer_bytes,
+                       pr->activation_bytes, pr->workspace_bytes, pr->batch_bytes};
+      uint64_t row = 0;
       table_cell(&t, "%s", pr->layer ? pr->layer : "");
-      table_cell(&t, "%s", pr->kind ? pr->kind : "");
-      table_cell(&t, "%s", pr->output_shape ? pr->output_shape : "");
-      table_cell(&t, "%s", fsize(pr->weights_bytes));
-      table_cell(&t, "%s", fsize(pr->master_bytes));
-      table_cell(&t, "%s", fsize(pr->gradient_bytes));
-      table_cell(&t, "%s", fsize(pr->optimizer_bytes));
-      table_cell(&t, "%s", fsize(pr->activation_bytes));
-      table_cell(&t, "%s", fsize(pr->workspace_bytes));
-      table_cell(&t, "%s", fsize(pr->batch_bytes));
+      table_cell(&t, "%s", pr->kind && *pr->kind ? pr->kind : "-");
+      table_cell(&t, "%s", pr->output_shape && *pr->output_shape ? pr->output_shape : "-");
+      for (int k = 0; k < 7; k++) {
+        table_cell(&t, "%s", fsize(v[k]));
+        sum[k] += v[k];
+        row += v[k];
+      }
+      sum[7] += row;
+      table_cell(&t, "%s", fsize(row));
     }
-    table_print(&t);
-  }
-  if (tl->n_step) {
-    /* at most 40 rows: every k-th step, and always the last */
-    size_t k = (tl->n_step + 39) / 40;
-    printf("\nby step%s:\n", k > 1 ? " (sampled)" : "");
-    table t = {0};
-    table_header(&t, 3u, (const char *const[]){"STEP", "PEAK-IN-USE", NULL});
-    for (size_t i = 0; i < tl->n_step; i++) {
-      if (i % k && i + 1 != tl->n_step) continue;
-      table_cell(&t, "%" PRIu64, tl->step[i]->step);
-      table_cell(&t, "%s", fsize(tl->step[i]->peak_in_use_bytes));
-    }
+    table_cell(&t, "total");
+    table_cell(&t, "%s", "");
+    table_cell(&t, "%s", "");
+    for (int k = 0; k < 8; k++) table_cell(&t, "%s", fsize(sum[k]));
     table_print(&t);
   }
 }
@@ -1837,20 +2028,27 @@ static const command commands[] = {
     {"plan", "JOB.pb", 1, 1, "predict a job's peak memory, layer by layer", plan_flags, cmd_plan,
      "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
      "Local idx paths are hashed and sent as sha256: references; nothing is uploaded.\n"},
-    {"submit", "JOB.pb", 1, 1, "submit a job", submit_flags, cmd_submit,
+    {"submit", "JOB.pb", 1, 1, "submit a job (--watch: and follow it, as gpuctl watch)", submit_flags, cmd_submit,
      "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
      "idx images/labels given as local paths (relative to the current directory)\n"
      "are uploaded unless your store already holds the same sha256, and the job\n"
-     "refers to them as sha256:HEX. A job that does not fit is refused with its plan.\n"},
+     "refers to them as sha256:HEX; a bare name that is no file here names one of\n"
+     "your datasets (gpuctl dataset add NAME FILE). A job that does not fit is\n"
+     "refused with its plan.\n"},
     {"status", "ID", 1, 1, "show a job: state, progress, epochs, an out-of-memory report", no_flags, cmd_status, NULL},
     {"list", "", 0, 0, "list your jobs (queued and running, or --all)", list_flags, cmd_list, NULL},
     {"watch", "ID", 1, 1, "follow a job until it ends; exit 0 if it succeeded, 1 otherwise", no_flags, cmd_watch,
-     "On a terminal the progress is one live line; otherwise one line per event;\n"
-     "with --json one JSON object (a gpushare.v1.WatchResponse) per line.\n"},
+     "On a terminal the progress is one live line (epoch, step, loss, the last\n"
+     "epoch's test accuracy, samples/s, memory in use / limit, fp16 loss scale);\n"
+     "otherwise a line per epoch and at most one progress line every 5 seconds.\n"
+     "The last line says how the job ended; on failure the reason and any\n"
+     "out-of-memory report go to stderr. With --json: one gpushare.v1.WatchResponse\n"
+     "per line.\n"},
     {"cancel", "ID", 1, 1, "cancel a job (it stops at its next step)", no_flags, cmd_cancel, NULL},
     {"logs", "ID", 1, 1, "print a job's events", no_flags, cmd_logs, NULL},
     {"fetch", "ID", 1, 1, "download a job's trained weights (safetensors) or checkpoint", fetch_flags, cmd_fetch, NULL},
-    {"memory", "ID", 1, 1, "a job's measured memory: peak by layer and role, and by step", no_flags, cmd_memory, NULL},
+    {"memory", "ID", 1, 1, "a job's measured memory: a chart of the peak by step, the peak by layer and role",
+     no_flags, cmd_memory, NULL},
     {"metrics", "", 0, 0, "the daemon's metrics in Prometheus text format", no_flags, cmd_metrics, NULL},
     {"version", "", 0, 0, "versions, and who the daemon thinks you are", no_flags, cmd_version, NULL},
 };

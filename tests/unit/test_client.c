@@ -166,28 +166,134 @@ static void serve_one(int fd, const Gpushare__V1__Request *q) {
       return;
     }
     case GPUSHARE__V1__REQUEST__CALL_WATCH: {
-      /* three events: running, an epoch end, then FAILED and final */
-      for (int i = 0; i < 3; i++) {
+      /* as gpushared streams it: the job as it stands, progress, an epoch
+       * end, then the final state with the reason; job 10 succeeds, any
+       * other fails */
+      int ok = q->watch->id == 10;
+      for (int i = 0; i < 4; i++) {
         Gpushare__V1__WatchResponse w = GPUSHARE__V1__WATCH_RESPONSE__INIT;
         Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
         Gpushare__V1__EpochMetrics em = GPUSHARE__V1__EPOCH_METRICS__INIT;
-        ev.has_job_id = 1;
+        ev.has_job_id = ev.has_state = ev.has_step = ev.has_total_steps = 1;
         ev.job_id = q->watch->id;
-        ev.has_state = 1;
-        ev.state = i < 2 ? GPUSHARE__V1__JOB_STATE__RUNNING : GPUSHARE__V1__JOB_STATE__FAILED;
-        ev.has_step = 1;
+        ev.state = GPUSHARE__V1__JOB_STATE__RUNNING;
         ev.step = (uint64_t)(i + 1) * 10;
-        ev.has_total_steps = 1;
         ev.total_steps = 30;
-        if (i == 1) ev.epoch_end = &em;
-        if (i == 2) ev.message = "out of memory in dense_1";
+        if (i == 1) {
+          ev.has_epoch = ev.has_loss = ev.has_samples_per_second = 1;
+          ev.has_memory_in_use = ev.has_memory_limit = ev.has_loss_scale = 1;
+          ev.epoch = 1;
+          ev.loss = 0.5f;
+          ev.samples_per_second = 1234;
+          ev.memory_in_use = 1024;
+          ev.memory_limit = 4096;
+          ev.loss_scale = 1024;
+        }
+        if (i == 2) {
+          em.has_epoch = em.has_test_accuracy = em.has_train_loss = em.has_test_loss = 1;
+          em.epoch = 1;
+          em.train_loss = 0.5f;
+          em.test_loss = 0.625f;
+          em.test_accuracy = 0.875f;
+          ev.epoch_end = &em;
+        }
+        if (i == 3) {
+          ev.state = ok ? GPUSHARE__V1__JOB_STATE__SUCCEEDED : GPUSHARE__V1__JOB_STATE__FAILED;
+          ev.message = ok ? "SUCCEEDED" : "FAILED: out of memory in dense_1";
+        }
         w.event = &ev;
         w.has_final = 1;
-        w.final = i == 2;
+        w.final = i == 3;
         r.result_case = GPUSHARE__V1__RESPONSE__RESULT_WATCH;
         r.watch = &w;
         send_resp(fd, &r);
       }
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_JOB_STATUS: {
+      if (q->job_status->id != 9 && q->job_status->id != 10) {
+        r.has_code = 1;
+        r.code = GPUSHARE__V1__CODE__NOT_FOUND;
+        r.message = "no job";
+        send_resp(fd, &r);
+        return;
+      }
+      int ok = q->job_status->id == 10;
+      Gpushare__V1__JobStatusResponse js = GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT;
+      Gpushare__V1__Job j = GPUSHARE__V1__JOB__INIT;
+      Gpushare__V1__EpochMetrics em = GPUSHARE__V1__EPOCH_METRICS__INIT, *eps[1] = {&em};
+      Gpushare__V1__OomReport o = GPUSHARE__V1__OOM_REPORT__INIT;
+      Gpushare__V1__OomSuggestion sg = GPUSHARE__V1__OOM_SUGGESTION__INIT, *sgs[1] = {&sg};
+      j.has_id = j.has_state = j.has_step = j.has_total_steps = 1;
+      j.id = q->job_status->id;
+      j.state = ok ? GPUSHARE__V1__JOB_STATE__SUCCEEDED : GPUSHARE__V1__JOB_STATE__FAILED;
+      j.step = ok ? 30 : 20;
+      j.total_steps = 30;
+      j.vdev = "small";
+      j.tenant = "alice";
+      em.has_epoch = em.has_test_accuracy = 1;
+      em.epoch = 1;
+      em.test_accuracy = ok ? 0.9f : 0.875f;
+      j.n_epoch = 1;
+      j.epoch = eps;
+      if (!ok) {
+        j.reason = "out of memory in dense_1 (activations)";
+        o.layer = "dense_1";
+        o.role = "activations";
+        o.shape = "(128, 4096)";
+        o.dtype = "f32";
+        o.has_bytes = o.has_limit_bytes = o.has_in_use_bytes = o.has_largest_free_bytes = 1;
+        o.bytes = 2097152;
+        o.vdev = "small";
+        o.limit_bytes = 4194304;
+        o.in_use_bytes = 3145728;
+        o.largest_free_bytes = 1048576;
+        o.has_cause = 1;
+        o.cause = GPUSHARE__V1__OOM_CAUSE__QUOTA;
+        o.explanation = "dense_1 needs 2 MiB more than the vdev has left";
+        sg.what = "micro-batch 32 x 4 accumulation steps";
+        sg.has_predicted_peak_bytes = sg.has_saving_bytes = 1;
+        sg.predicted_peak_bytes = 2097152;
+        sg.saving_bytes = 3145728;
+        o.n_suggestion = 1;
+        o.suggestion = sgs;
+        j.oom = &o;
+      }
+      js.job = &j;
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS;
+      r.job_status = &js;
+      send_resp(fd, &r);
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_MEMORY: {
+      Gpushare__V1__MemoryResponse mr = GPUSHARE__V1__MEMORY_RESPONSE__INIT;
+      Gpushare__V1__MemoryTimeline tl = GPUSHARE__V1__MEMORY_TIMELINE__INIT;
+      Gpushare__V1__MemoryStep st[50], *stp[50];
+      for (int i = 0; i < 50; i++) {
+        Gpushare__V1__MemoryStep init = GPUSHARE__V1__MEMORY_STEP__INIT;
+        st[i] = init;
+        st[i].has_step = st[i].has_peak_in_use_bytes = 1;
+        st[i].step = (uint64_t)i + 1;
+        st[i].peak_in_use_bytes = 1000u * (uint64_t)(i < 25 ? i + 1 : 50 - i);
+        stp[i] = &st[i];
+      }
+      Gpushare__V1__PlanRow pr = GPUSHARE__V1__PLAN_ROW__INIT, *prs[1] = {&pr};
+      pr.layer = "dense_1";
+      pr.kind = "dense";
+      pr.has_weights_bytes = pr.has_activation_bytes = 1;
+      pr.weights_bytes = 10000;
+      pr.activation_bytes = 15000;
+      tl.n_step = 50;
+      tl.step = stp;
+      tl.n_at_peak = 1;
+      tl.at_peak = prs;
+      tl.has_peak_bytes = tl.has_planned_peak_bytes = 1;
+      tl.peak_bytes = 25000;
+      tl.planned_peak_bytes = 30000;
+      mr.timeline = &tl;
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_MEMORY;
+      r.memory = &mr;
+      send_resp(fd, &r);
       return;
     }
     case GPUSHARE__V1__REQUEST__CALL_SUBMIT: {
@@ -413,7 +519,7 @@ Test(client, watch_stream_until_final) {
     n++;
     gs_client_free_response(r);
   }
-  cr_assert_eq(n, 3);
+  cr_assert_eq(n, 4);
   gs_client_close(c);
 }
 
@@ -448,11 +554,211 @@ Test(gpuctl, refusal_exit_1_with_code_and_field) {
 Test(gpuctl, watch_exit_code_follows_the_job) {
   char out[8192];
   cr_assert_eq(run_gpuctl("watch 9", out, sizeof out), 1, "%s", out);
-  cr_assert(strstr(out, "job 9 RUNNING  step 10/30"), "%s", out);
-  cr_assert(strstr(out, "gpuctl: job 9 FAILED: out of memory in dense_1"), "%s", out);
+  cr_assert(strstr(out, "job 9 RUNNING at step 10/30"), "the first event is the job as it stands: %s", out);
+  cr_assert(strstr(out, "job 9  epoch 1  step 20/30 (66.7%)  loss 0.5000  1234 samples/s  mem 1.00 KiB / 4.00 KiB"
+                        "  scale 1024"),
+            "%s", out);
+  cr_assert(strstr(out, "epoch 1 done: train loss 0.5000, test loss 0.6250, test accuracy 87.50%"), "%s", out);
+  cr_assert(strstr(out, "gpuctl: job 9 FAILED: out of memory in dense_1 (activations)"),
+            "the reason is the job's, asked for after the final event: %s", out);
+  cr_assert(strstr(out, "layer dense_1, activations (128, 4096) f32, 2.00 MiB"), "the OOM report: %s", out);
+  cr_assert(strstr(out, "QUOTA: the vdev's memory limit is reached"), "%s", out);
+  cr_assert_eq(run_gpuctl("watch 10", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "job 10 SUCCEEDED at step 30/30 after 1 epoch: test accuracy 90.00%"), "%s", out);
+  cr_assert_null(strstr(out, "out of memory"), "%s", out);
   cr_assert_eq(run_gpuctl("--json watch 9", out, sizeof out), 1, "%s", out);
   cr_assert(strstr(out, "\"final\":true"), "%s", out);
   cr_assert(strstr(out, "\"state\":\"FAILED\""), "%s", out);
+  cr_assert(strstr(out, "\"epoch_end\":{\"epoch\":1"), "%s", out);
+}
+
+Test(gpuctl, status_prints_epochs_reason_and_oom_report) {
+  char out[8192];
+  cr_assert_eq(run_gpuctl("status 9", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "state:        FAILED"), "%s", out);
+  cr_assert(strstr(out, "reason:       out of memory in dense_1 (activations)"), "%s", out);
+  cr_assert(strstr(out, "87.50%"), "the epochs table: %s", out);
+  cr_assert(strstr(out, "vdev:         small: limit 4.00 MiB, in use 3.00 MiB"), "%s", out);
+  cr_assert(strstr(out, "largest free block 1.00 MiB"), "%s", out);
+  cr_assert(strstr(out, "explanation:  dense_1 needs 2 MiB more"), "%s", out);
+  cr_assert(strstr(out, "suggestions:  micro-batch 32 x 4 accumulation steps (predicted peak 2.00 MiB"), "%s", out);
+}
+
+Test(gpuctl, memory_charts_steps_and_breaks_down_the_peak) {
+  char out[16384];
+  cr_assert_eq(run_gpuctl("memory 9", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "(measured is 83.3% of planned)"), "%s", out);
+  /* 50 steps in 20 rows; the highest row (steps 25-26 hold 25000) is the
+   * longest bar, the planned peak's '|' lies beyond it */
+  cr_assert(strstr(out, "steps 1-2 "), "%s", out);
+  cr_assert(strstr(out, "steps 48-50"), "%s", out);
+  const char *row = strstr(out, "steps 26-27");
+  cr_assert_not_null(row, "%s", out);
+  cr_assert(strstr(row, "########################################"), "%s", out);
+  cr_assert(strstr(out, "|"), "%s", out);
+  cr_assert(strstr(out, "dense_1"), "%s", out);
+  cr_assert(strstr(out, "total"), "%s", out);
+}
+
+/* ------------------------------------------------------- gpuctl job ... --- */
+
+/* A fresh directory for one test's job files. */
+static void job_dir(char *dir, size_t n) {
+  snprintf(dir, n, "/tmp/gs-test-job-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+}
+
+static void write_text(const char *path, const char *text) {
+  write_file(path, (const uint8_t *)text, strlen(text));
+}
+
+static int dir_entries(const char *dir) {
+  char cmd[256], out[64];
+  snprintf(cmd, sizeof cmd, "ls -A %s | wc -l", dir);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = '\0';
+  pclose(p);
+  return atoi(out);
+}
+
+static void rm_dir(const char *dir) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static const char small_job[] =
+    "# a comment, as tenants write them\n"
+    "name: \"tiny\"\n"
+    "model {\n"
+    "  input { height: 8 width: 8 channels: 1 }\n"
+    "  layer { flatten {} }\n"
+    "  layer { dense { units: 4 } }\n"
+    "}\n"
+    "train { idx { images: \"fashion-train-images\" labels: \"fashion-train-labels\" } }\n"
+    "batch_size: 16\n"
+    "accumulation_steps: 4\n"
+    "precision: MIXED_FLOAT16\n"
+    "optimizer { sgd { learning_rate: 0.05 momentum: 0.9 } }\n";
+
+Test(gpuctl, job_encode_writes_a_pb_that_unpacks) {
+  char dir[64], src[128], pb[128], args[512], out[4096];
+  job_dir(dir, sizeof dir);
+  snprintf(src, sizeof src, "%s/tiny.txtpb", dir);
+  snprintf(pb, sizeof pb, "%s/tiny.pb", dir);
+  write_text(src, small_job);
+  snprintf(args, sizeof args, "job encode %s", src);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "tiny.pb"), "%s", out);
+  FILE *f = fopen(pb, "rb");
+  cr_assert_not_null(f, "the default output is the input's name with .pb");
+  uint8_t buf[4096];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  Gpushare__V1__JobSpec *spec = gpushare__v1__job_spec__unpack(NULL, n, buf);
+  cr_assert_not_null(spec);
+  cr_assert_str_eq(spec->name, "tiny");
+  cr_assert_eq(spec->batch_size, 16);
+  cr_assert_eq(spec->accumulation_steps, 4);
+  cr_assert_eq(spec->precision, GPUSHARE__V1__PRECISION__MIXED_FLOAT16);
+  cr_assert_eq(spec->model->n_layer, 2);
+  cr_assert_eq(spec->model->layer[1]->dense->units, 4);
+  cr_assert_str_eq(spec->train->idx->images, "fashion-train-images");
+  cr_assert_eq(spec->optimizer->kind_case, GPUSHARE__V1__OPTIMIZER__KIND_SGD);
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  /* -o names the output */
+  snprintf(args, sizeof args, "job encode %s -o %s/other.pb", src, dir);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert_eq(dir_entries(dir), 3, "tiny.txtpb, tiny.pb, other.pb and nothing else");
+  rm_dir(dir);
+}
+
+Test(gpuctl, job_encode_syntax_error_names_the_file_and_writes_nothing) {
+  char dir[64], src[128], args[512], out[4096];
+  job_dir(dir, sizeof dir);
+  snprintf(src, sizeof src, "%s/broken.txtpb", dir);
+  write_text(src, "name: \"broken\"\nbatch_size: lots\n");
+  snprintf(args, sizeof args, "job encode %s", src);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 1, "%s", out);
+  char want[160];
+  snprintf(want, sizeof want, "%s:2:13: Expected integer", src);
+  cr_assert(strstr(out, want), "protoc's message, naming the file, line and column: %s", out);
+  cr_assert(strstr(out, "nothing was written"), "%s", out);
+  cr_assert_eq(dir_entries(dir), 1, "no broken.pb and no temporary file are left");
+  rm_dir(dir);
+}
+
+Test(gpuctl, job_show_round_trips) {
+  char dir[64], src[128], args[512], out[8192], again[128];
+  job_dir(dir, sizeof dir);
+  snprintf(src, sizeof src, "%s/tiny.txtpb", dir);
+  write_text(src, small_job);
+  snprintf(args, sizeof args, "job encode %s", src);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  snprintf(args, sizeof args, "job show %s/tiny.pb", dir);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "name: \"tiny\""), "%s", out);
+  cr_assert(strstr(out, "precision: MIXED_FLOAT16"), "%s", out);
+  /* what show prints encodes to the same bytes */
+  snprintf(again, sizeof again, "%s/again.txtpb", dir);
+  write_text(again, out);
+  snprintf(args, sizeof args, "job encode %s", again);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  snprintf(args, sizeof args, "cmp %s/tiny.pb %s/again.pb", dir, dir);
+  cr_assert_eq(system(args), 0, "show then encode gives the same JobSpec bytes");
+  /* --json needs no protoc */
+  snprintf(args, sizeof args, "--json job show %s/tiny.pb", dir);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "\"batch_size\":16"), "%s", out);
+  rm_dir(dir);
+}
+
+Test(gpuctl, job_show_refuses_a_truncated_pb) {
+  char dir[64], src[128], pb[128], args[512], out[4096];
+  job_dir(dir, sizeof dir);
+  snprintf(src, sizeof src, "%s/tiny.txtpb", dir);
+  snprintf(pb, sizeof pb, "%s/tiny.pb", dir);
+  write_text(src, small_job);
+  snprintf(args, sizeof args, "job encode %s", src);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert_eq(truncate(pb, 20), 0);
+  snprintf(args, sizeof args, "job show %s", pb);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "is not a binary gpushare.v1.JobSpec"), "%s", out);
+  snprintf(args, sizeof args, "job show %s", src);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "it looks like text"), "%s", out);
+  rm_dir(dir);
+}
+
+Test(gpuctl, job_encode_without_protoc_says_how_to_get_it) {
+  char dir[64], src[128], out[4096], cmd[512];
+  job_dir(dir, sizeof dir);
+  snprintf(src, sizeof src, "%s/tiny.txtpb", dir);
+  write_text(src, small_job);
+  /* a PATH with no protoc on it */
+  snprintf(cmd, sizeof cmd, "PATH=%s %s job encode %s 2>&1", dir, GPUCTL_PATH, src);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", out);
+  cr_assert(strstr(out, "gpuctl job encode needs protoc (Debian: apt-get install protobuf-compiler)"), "%s", out);
+  cr_assert_eq(dir_entries(dir), 1, "nothing written");
+  rm_dir(dir);
+}
+
+Test(gpuctl, job_help_answers) {
+  char out[4096];
+  cr_assert_eq(run_gpuctl("job --help", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "job encode JOB.txtpb"), "%s", out);
+  cr_assert(strstr(out, "job show JOB.pb"), "%s", out);
+  cr_assert_eq(run_gpuctl("job encode --help", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "-o, --output JOB.pb"), "%s", out);
+  cr_assert_eq(run_gpuctl("job", out, sizeof out), 2, "%s", out);
 }
 
 Test(gpuctl, usage_error_exits_2_without_connecting) {
@@ -497,5 +803,30 @@ Test(gpuctl, submit_uploads_local_idx_and_rewrites_to_sha256) {
   cr_assert_str_eq(fake.images, ref);
   cr_assert_str_eq(fake.labels, "sha256:0123", "a store reference is sent as it is");
   unlink(data_path);
+  unlink(job_path);
+}
+
+Test(gpuctl, submit_sends_store_names_as_they_are) {
+  char job_path[128];
+  snprintf(job_path, sizeof job_path, "/tmp/gs-test-job-names-%d.pb", (int)getpid());
+  Gpushare__V1__JobSpec spec = GPUSHARE__V1__JOB_SPEC__INIT;
+  Gpushare__V1__Dataset train = GPUSHARE__V1__DATASET__INIT;
+  Gpushare__V1__IdxFiles idx = GPUSHARE__V1__IDX_FILES__INIT;
+  idx.images = "fashion-train-images-no-such-file";
+  idx.labels = "fashion-train-labels-no-such-file";
+  train.source_case = GPUSHARE__V1__DATASET__SOURCE_IDX;
+  train.idx = &idx;
+  spec.train = &train;
+  size_t n = gpushare__v1__job_spec__get_packed_size(&spec);
+  uint8_t *buf = malloc(n);
+  gpushare__v1__job_spec__pack(&spec, buf);
+  write_file(job_path, buf, n);
+  free(buf);
+  char args[300], out[4096];
+  snprintf(args, sizeof args, "submit %s", job_path);
+  cr_assert_eq(run_gpuctl(args, out, sizeof out), 0, "%s", out);
+  cr_assert_str_eq(fake.images, "fashion-train-images-no-such-file", "a name that is no file is a store name");
+  cr_assert_str_eq(fake.labels, "fashion-train-labels-no-such-file");
+  cr_assert_eq(fake.chunks, 0, "nothing uploaded");
   unlink(job_path);
 }
