@@ -104,10 +104,11 @@ gs_backend *gs_backend_cuda_load(char *why, size_t why_len) {
     goto done;
   }
 
-  char dir[PATH_MAX], cand[4][PATH_MAX + 64];
+  char dir[PATH_MAX], cand[5][PATH_MAX + 64];
   int nc = 0;
   if (exe_dir(dir, sizeof dir)) {
     snprintf(cand[nc++], sizeof cand[0], "%s/%s", dir, GS_CUDA_PLUGIN_NAME);
+    snprintf(cand[nc++], sizeof cand[0], "%s/kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
     snprintf(cand[nc++], sizeof cand[0], "%s/../kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
     snprintf(cand[nc++], sizeof cand[0], "%s/../../kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
   }
@@ -127,7 +128,7 @@ gs_backend *gs_backend_cuda_load(char *why, size_t why_len) {
     goto done;
   }
   if (why && why_len) {
-    char looked[4 * (PATH_MAX + 64) + 64] = "";
+    char looked[5 * (PATH_MAX + 64) + 64] = "";
     size_t at = 0;
     for (int i = 0; i < nc && at < sizeof looked; i++)
       at += (size_t)snprintf(looked + at, sizeof looked - at, "%s%s", i ? ", " : "", cand[i]);

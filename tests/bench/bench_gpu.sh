@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# bench_gpu.sh BENCH_GPU_BINARY [BATCH WIDTH STEPS]: gpushare's cuda backend
+# against PyTorch eager on the same GEMM-bound bf16 MLP (4 x 8192 units,
+# batch 8192, forward + backward), in the same run, on the same GPU; prints
+# both and the ratio of samples/s. A benchmark: it reports, it never fails
+# on a number. Called by tests/gpu/check.sh.
+set -uo pipefail
+bin=${1:?usage: bench_gpu.sh BENCH_GPU_BINARY [BATCH WIDTH STEPS]}
+shift
+if [ $# -ge 1 ]; then args=("$@"); else args=(8192 8192 10); fi
+here=$(cd "$(dirname "$0")" && pwd)
+
+ours=$("$bin" "${args[@]}") || { echo "bench_gpu: gpushare run failed"; exit 1; }
+echo "$ours" | grep -v '^RESULT'
+theirs=$(python3 "$here/bench_gpu.py" "${args[@]}" 2>&1)
+prc=$?
+echo "$theirs" | grep -v '^RESULT'
+if [ $prc -ne 0 ]; then
+  echo "bench_gpu: PyTorch run failed ($prc); no ratio"
+  exit 0
+fi
+a=$(echo "$ours" | sed -n 's/^RESULT gpushare samples_per_s=\([0-9.]*\).*/\1/p')
+b=$(echo "$theirs" | sed -n 's/^RESULT pytorch samples_per_s=\([0-9.]*\).*/\1/p')
+if [ -n "$a" ] && [ -n "$b" ]; then
+  awk -v a="$a" -v b="$b" 'BEGIN { printf "ratio gpushare / pytorch (samples/s): %.3f\n", a / b }'
+fi
