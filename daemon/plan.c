@@ -129,10 +129,19 @@ static const char *grouped(uint64_t v, char *buf, size_t len) {
 typedef struct plan_ctx {
   gs_plan *p;
   const gs_model *m;
+  size_t cap; /* of p->blocks */
 } plan_ctx;
 
 static int plan_one(void *u, const gs_train_buffer *bf) {
   plan_ctx *c = u;
+  if (c->p->n_blocks == c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 64;
+    uint64_t *nb = realloc(c->p->blocks, cap * sizeof *nb);
+    if (!nb) return -ENOMEM;
+    c->p->blocks = nb;
+    c->cap = cap;
+  }
+  c->p->blocks[c->p->n_blocks++] = bf->block_bytes;
   size_t row = bf->layer ? (size_t)(bf->layer - c->m->layers) : c->m->n_layers;
   c->p->rows[row].bytes[bf->role] += bf->block_bytes;
   c->p->by_role[bf->role] += bf->block_bytes;
@@ -197,8 +206,55 @@ fail:
 void gs_plan_free(gs_plan *p) {
   if (!p) return;
   free(p->rows);
+  free(p->blocks);
   p->rows = NULL;
   p->n_rows = 0;
+  p->blocks = NULL;
+  p->n_blocks = 0;
+}
+
+/* Would the job's blocks, allocated in order with nothing freed (what
+ * gs_train_create does), all be placed by a fresh allocator of `limit`
+ * bytes? PREALLOCATE is one region of the whole limit: the blocks pack
+ * end to end, so the sum decides. GROWTH adds regions as alloc.c does (the
+ * first max(block, min(2 MiB, limit)), then min(twice the last, what the
+ * limit leaves), at least the block) and a block never spans two regions,
+ * so a large late block can find only the scraps of a limit cut into
+ * regions: simulate it, best fit over the regions' free tails as the
+ * allocator's bins do. A device that refuses regions (PHYSICAL) is out of
+ * the planner's sight. */
+bool gs_plan_fits(const gs_plan *p, uint64_t limit, gs_alloc_policy policy) {
+  if (limit == 0) return true;
+  const uint64_t cap = limit & ~(uint64_t)(GS_ALLOC_ALIGN - 1);
+  if (policy != GS_POLICY_GROWTH) return p->peak_bytes <= cap;
+  if (p->peak_bytes > cap) return false;
+  /* Regions' free tails; a job has a few dozen blocks and few regions. */
+  uint64_t tails[64];
+  size_t nt = 0;
+  uint64_t in_use = 0, reserved = 0, last = 0;
+  for (size_t i = 0; i < p->n_blocks; i++) {
+    uint64_t need = p->blocks[i];
+    size_t best = SIZE_MAX;
+    for (size_t j = 0; j < nt; j++)
+      if (tails[j] >= need && (best == SIZE_MAX || tails[j] < tails[best])) best = j;
+    if (best == SIZE_MAX) {
+      if (need > cap || cap - in_use < need) return false; /* QUOTA */
+      uint64_t headroom = cap - reserved;
+      if (headroom < need) return false; /* FRAGMENTATION across regions */
+      uint64_t want = (uint64_t)2 << 20;
+      if (last) want = last > headroom / 2 ? headroom : 2 * last;
+      if (want > headroom) want = headroom;
+      if (want < need) want = need;
+      if (nt == sizeof tails / sizeof tails[0]) return false;
+      tails[nt] = want;
+      best = nt++;
+      reserved += want;
+      last = want;
+    }
+    tails[best] -= need;
+    in_use += need;
+  }
+  return true;
 }
 
 /* A copy of spec with the micro-batch, accumulation and precision replaced
@@ -215,43 +271,32 @@ static Gpushare__V1__JobSpec variant(const Gpushare__V1__JobSpec *spec, uint32_t
   return v;
 }
 
-/* Peak of a variant; 0 with *ok false when the variant is not a valid job
+/* Plan of a variant into *p; false when the variant is not a valid job
  * (accumulation out of bounds). */
-static uint64_t variant_peak(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                             uint32_t micro, uint32_t accum, int precision, gs_plan *keep,
-                             bool *ok) {
+static bool variant_plan(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                         uint32_t micro, uint32_t accum, int precision, gs_plan *p) {
   Gpushare__V1__JobSpec v = variant(spec, micro, accum, precision);
-  gs_plan p;
   gs_err e;
   gs_err_clear(&e);
-  *ok = gs_plan_job(&v, b, &p, &e) == 0;
-  if (!*ok) return 0;
-  uint64_t peak = p.peak_bytes;
-  if (keep)
-    *keep = p;
-  else
-    gs_plan_free(&p);
-  return peak;
+  return gs_plan_job(&v, b, p, &e) == 0;
 }
 
 /* The largest micro-batch dividing `eff` whose plan fits `limit` (0: none).
  * Divisors are tried from the largest down; `below` (when > 0) skips those
  * >= below. */
 static uint32_t largest_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                            uint64_t eff, int precision, uint64_t limit, uint32_t below,
-                            uint64_t *peak, gs_plan *keep) {
+                            uint64_t eff, int precision, uint64_t limit, gs_alloc_policy pol,
+                            uint32_t below, uint64_t *peak, gs_plan *keep) {
   uint64_t start = eff < GS_MODEL_MAX_BATCH ? eff : GS_MODEL_MAX_BATCH;
   if (below && start >= below) start = below - 1;
   for (uint64_t d = start; d >= 1; d--) {
     if (eff % d) continue;
     uint64_t k = eff / d;
     if (k > GS_MODEL_MAX_ACCUMULATION) break; /* smaller divisors only raise k */
-    bool ok;
     gs_plan tmp;
-    uint64_t pk = variant_peak(spec, b, (uint32_t)d, (uint32_t)k, precision, &tmp, &ok);
-    if (!ok) continue;
-    if (pk <= limit) {
-      *peak = pk;
+    if (!variant_plan(spec, b, (uint32_t)d, (uint32_t)k, precision, &tmp)) continue;
+    if (gs_plan_fits(&tmp, limit, pol)) {
+      *peak = tmp.peak_bytes;
       if (keep)
         *keep = tmp;
       else
@@ -335,8 +380,16 @@ char *gs_plan_format(const gs_plan *p, uint64_t limit) {
                 "start)\n",
             sz(p->peak_bytes, a), p->peak_bytes);
   if (limit) {
-    if (p->peak_bytes <= limit)
+    bool grow = gs_plan_fits(p, limit, GS_POLICY_GROWTH);
+    bool pre = gs_plan_fits(p, limit, GS_POLICY_PREALLOCATE);
+    if (grow)
       sb_printf(&s, "Limit %s: fits (%s to spare)\n", sz(limit, a), sz(limit - p->peak_bytes, bb));
+    else if (pre)
+      sb_printf(&s,
+                "Limit %s: fits a preallocated vdev (%s to spare) but NOT a growth one: its "
+                "regions (2 MiB, then doubling) leave no single region for the largest "
+                "buffers\n",
+                sz(limit, a), sz(limit - p->peak_bytes, bb));
     else
       sb_printf(&s, "Limit %s: does NOT fit by %s\n", sz(limit, a),
                 sz(p->peak_bytes - limit, bb));
@@ -352,7 +405,10 @@ char *gs_plan_json(const gs_plan *p, uint64_t limit) {
             p->micro_batch, p->accumulation_steps,
             (uint64_t)p->micro_batch * p->accumulation_steps, precision_name(p->precision),
             p->parameters, p->peak_bytes, limit);
-  if (limit) sb_printf(&s, ",\"fits\":%s", p->peak_bytes <= limit ? "true" : "false");
+  if (limit)
+    sb_printf(&s, ",\"fits\":%s,\"fits_preallocate\":%s",
+              gs_plan_fits(p, limit, GS_POLICY_GROWTH) ? "true" : "false",
+              gs_plan_fits(p, limit, GS_POLICY_PREALLOCATE) ? "true" : "false");
   sb_printf(&s, ",\"by_role\":{");
   for (int r = 0; r < GS_ROLE_COUNT; r++)
     sb_printf(&s, "%s\"%s\":%" PRIu64, r ? "," : "", gs_role_name((gs_role)r), p->by_role[r]);
@@ -418,7 +474,7 @@ int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out) 
   m->accumulation_steps = p->accumulation_steps;
   m->precision = (Gpushare__V1__Precision)p->precision;
   m->limit_bytes = limit;
-  m->fits = limit == 0 || p->peak_bytes <= limit;
+  m->fits = gs_plan_fits(p, limit, GS_POLICY_GROWTH);
   if (!(m->summary = gs_plan_format(p, limit))) goto fail;
   *out = m;
   return 0;
@@ -449,6 +505,12 @@ static void suggestion(gs_plan_suggestion *s, uint32_t micro, uint32_t accum, in
 
 int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
                     gs_plan_suggestion *out, size_t max, size_t *n, gs_err *e) {
+  return gs_plan_suggest_policy(spec, b, limit, GS_POLICY_GROWTH, out, max, n, e);
+}
+
+int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                           uint64_t limit, gs_alloc_policy pol, gs_plan_suggestion *out,
+                           size_t max, size_t *n, gs_err *e) {
   gs_plan cur;
   *n = 0;
   int rc = gs_plan_job(spec, b, &cur, e);
@@ -457,7 +519,7 @@ int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint
   const uint64_t lim = limit ? limit : UINT64_MAX;
   uint64_t peak;
   /* 1. The largest smaller micro-batch that fits, same precision. */
-  uint32_t d = largest_fit(spec, b, eff, cur.precision, lim, cur.micro_batch, &peak, NULL);
+  uint32_t d = largest_fit(spec, b, eff, cur.precision, lim, pol, cur.micro_batch, &peak, NULL);
   uint64_t dpeak = peak;
   if (d && *n < max && limit)
     suggestion(&out[(*n)++], d, (uint32_t)(eff / d), cur.precision, peak, cur.peak_bytes, false);
@@ -465,13 +527,16 @@ int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint
    * current micro-batch if that fits, else at the largest that fits. */
   if (cur.precision == GPUSHARE__V1__PRECISION__FLOAT32 && *n < max) {
     const int mp = GPUSHARE__V1__PRECISION__MIXED_BFLOAT16;
-    bool ok;
-    uint64_t mpk = variant_peak(spec, b, cur.micro_batch, cur.accumulation_steps, mp, NULL, &ok);
-    if (ok && mpk < cur.peak_bytes && mpk <= lim) {
+    gs_plan mpl;
+    bool ok = variant_plan(spec, b, cur.micro_batch, cur.accumulation_steps, mp, &mpl);
+    uint64_t mpk = ok ? mpl.peak_bytes : 0;
+    bool mfits = ok && gs_plan_fits(&mpl, limit, pol);
+    if (ok) gs_plan_free(&mpl);
+    if (ok && mpk < cur.peak_bytes && mfits) {
       suggestion(&out[(*n)++], cur.micro_batch, cur.accumulation_steps, mp, mpk, cur.peak_bytes,
                  true);
     } else if (limit) {
-      uint32_t dm = largest_fit(spec, b, eff, mp, lim, 0, &peak, NULL);
+      uint32_t dm = largest_fit(spec, b, eff, mp, lim, pol, 0, &peak, NULL);
       /* Worth listing when it keeps a larger micro-batch than the fp32
        * suggestion, or the same one for less memory. */
       if (dm && (dm > d || (dm == d && peak < dpeak)) && peak < cur.peak_bytes)
@@ -487,7 +552,8 @@ int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint
 /* Why nothing fits, from the plan at micro-batch 1: the batch-independent
  * roles (weights, masters, gradients, optimizer) against the rest. */
 static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                           const gs_plan *p1, uint64_t limit, char *why, size_t len) {
+                           const gs_plan *p1, uint64_t limit, gs_alloc_policy pol, char *why,
+                           size_t len) {
   char a[32], bb[32], c[32], d[32];
   uint64_t fixed = p1->by_role[GS_ROLE_WEIGHTS] + p1->by_role[GS_ROLE_MASTER] +
                    p1->by_role[GS_ROLE_GRADIENTS] + p1->by_role[GS_ROLE_OPTIMIZER];
@@ -523,10 +589,15 @@ static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *
    * say so when it does. */
   bool ok = false;
   uint64_t mpk = 0;
-  if (p1->precision == GPUSHARE__V1__PRECISION__FLOAT32)
-    mpk = variant_peak(spec, b, 1, p1->accumulation_steps, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16,
-                       NULL, &ok);
-  if (ok && mpk <= limit)
+  gs_plan mpl;
+  if (p1->precision == GPUSHARE__V1__PRECISION__FLOAT32 &&
+      variant_plan(spec, b, 1, p1->accumulation_steps, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16,
+                   &mpl)) {
+    mpk = mpl.peak_bytes;
+    ok = gs_plan_fits(&mpl, limit, pol);
+    gs_plan_free(&mpl);
+  }
+  if (ok)
     snprintf(why + o, len - o, "; try mixed_bfloat16 precision (peak %s at micro-batch 1) or a "
              "vdev of at least %s", sz(mpk, a), sz(p1->peak_bytes, bb));
   else
@@ -538,12 +609,17 @@ static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *
 
 int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
                   bool auto_fit, gs_admission *out, gs_err *e) {
+  return gs_plan_admit_policy(spec, b, limit, GS_POLICY_GROWTH, auto_fit, out, e);
+}
+
+int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                         gs_alloc_policy pol, bool auto_fit, gs_admission *out, gs_err *e) {
   memset(out, 0, sizeof *out);
   int rc = gs_plan_job(spec, b, &out->plan, e);
   if (rc) return rc;
   out->micro_batch = out->plan.micro_batch;
   out->accumulation_steps = out->plan.accumulation_steps;
-  if (limit == 0 || out->plan.peak_bytes <= limit) {
+  if (gs_plan_fits(&out->plan, limit, pol)) {
     out->fits = true;
     return 0;
   }
@@ -553,7 +629,7 @@ int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64
   uint64_t peak = 0;
   if (auto_fit) {
     gs_plan fit;
-    uint32_t d = largest_fit(spec, b, eff, prec, limit, out->plan.micro_batch, &peak, &fit);
+    uint32_t d = largest_fit(spec, b, eff, prec, limit, pol, out->plan.micro_batch, &peak, &fit);
     if (d) {
       gs_plan_free(&out->plan);
       out->plan = fit;
@@ -563,18 +639,31 @@ int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64
       return 0;
     }
   }
-  size_t o = (size_t)snprintf(out->why, sizeof out->why,
-                              "the job needs %s at micro-batch %u x %u accumulation step%s (%s), "
-                              "over the vdev's %s limit by %s; ",
-                              sz(out->plan.peak_bytes, a), out->plan.micro_batch,
-                              out->plan.accumulation_steps,
-                              out->plan.accumulation_steps == 1 ? "" : "s", precision_name(prec),
-                              sz(limit, bb), sz(out->plan.peak_bytes - limit, c));
+  size_t o;
+  if (out->plan.peak_bytes > limit)
+    o = (size_t)snprintf(out->why, sizeof out->why,
+                         "the job needs %s at micro-batch %u x %u accumulation step%s (%s), "
+                         "over the vdev's %s limit by %s; ",
+                         sz(out->plan.peak_bytes, a), out->plan.micro_batch,
+                         out->plan.accumulation_steps,
+                         out->plan.accumulation_steps == 1 ? "" : "s", precision_name(prec),
+                         sz(limit, bb), sz(out->plan.peak_bytes - limit, c));
+  else
+    o = (size_t)snprintf(out->why, sizeof out->why,
+                         "the job needs %s at micro-batch %u x %u accumulation step%s (%s), "
+                         "under the vdev's %s limit, but a growth vdev reserves its memory in "
+                         "regions (2 MiB, then doubling) and a buffer never spans two: the "
+                         "largest of this job's buffers finds no region that holds it (a "
+                         "preallocated vdev of this limit would); ",
+                         sz(out->plan.peak_bytes, a), out->plan.micro_batch,
+                         out->plan.accumulation_steps,
+                         out->plan.accumulation_steps == 1 ? "" : "s", precision_name(prec),
+                         sz(limit, bb));
   gs_plan_suggestion sg[4];
   size_t n = 0;
   gs_err e2;
   gs_err_clear(&e2);
-  if (gs_plan_suggest(spec, b, limit, sg, 4, &n, &e2) == 0 && n > 0) {
+  if (gs_plan_suggest_policy(spec, b, limit, pol, sg, 4, &n, &e2) == 0 && n > 0) {
     o += (size_t)snprintf(out->why + o, sizeof out->why - o, "what fits: ");
     for (size_t i = 0; i < n && o < sizeof out->why; i++)
       o += (size_t)snprintf(out->why + o, sizeof out->why - o, "%s%s", i ? "; or " : "",
@@ -595,7 +684,7 @@ int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64
   Gpushare__V1__JobSpec v1 = variant(spec, 1, (uint32_t)eff, prec);
   gs_plan p1;
   if (gs_plan_job(&v1, b, &p1, &e2) == 0) {
-    explain_no_fit(spec, b, &p1, limit, out->why, sizeof out->why);
+    explain_no_fit(spec, b, &p1, limit, pol, out->why, sizeof out->why);
     gs_plan_free(&p1);
   }
   return 0;

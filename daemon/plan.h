@@ -40,6 +40,10 @@ typedef struct gs_plan {
   uint32_t micro_batch;   /* spec.batch_size as planned */
   uint32_t accumulation_steps;
   int precision;          /* Gpushare__V1__Precision */
+  /* addition: the allocator block sizes in allocation order (malloc'd), for
+   * gs_plan_fits' simulation of a GROWTH vdev's regions */
+  uint64_t *blocks;
+  size_t n_blocks;
 } gs_plan;
 
 /* Plan spec as it stands (validates it like gs_model_build; INVALID_ARGUMENT
@@ -86,7 +90,22 @@ int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64
                   bool auto_fit, gs_admission *out, gs_err *e);
 void gs_admission_free(gs_admission *a);
 
-/* ---- additions (issue 4): the same plan as JSON and as a message, the OOM
+/* ---- additions (issue 4). Fitting a limit is more than peak <= limit: a
+ * GROWTH vdev reserves regions (2 MiB, then twice the last, capped by what
+ * the limit leaves) and a block never spans two, so a large buffer late in
+ * the list can find only scraps. gs_plan_fits simulates the policy;
+ * PREALLOCATE packs the blocks end to end and fits iff peak <= limit.
+ * gs_plan_admit and gs_plan_suggest (above) judge fits as GROWTH, the
+ * stricter policy (what fits it fits PREALLOCATE too); the _policy
+ * variants take the vdev's policy. ---- */
+bool gs_plan_fits(const gs_plan *p, uint64_t limit, gs_alloc_policy policy);
+int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                         gs_alloc_policy policy, bool auto_fit, gs_admission *out, gs_err *e);
+int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                           uint64_t limit, gs_alloc_policy policy, gs_plan_suggestion *out,
+                           size_t max, size_t *n, gs_err *e);
+
+/* ---- more additions (issue 4): the same plan as JSON and as a message, the OOM
  * report and the memory timeline, so every surface says the same ---- */
 
 /* The plan as one JSON object (micro_batch, accumulation_steps,

@@ -536,7 +536,8 @@ int main(int argc, char **argv) {
 
   /* Plan and admission. */
   bool fit_ok = auto_fit || (run_spec.has_auto_fit && run_spec.auto_fit);
-  if (gs_plan_admit(&run_spec, b, limit, fit_ok && !no_admission, &adm, &e)) goto fail;
+  if (gs_plan_admit_policy(&run_spec, b, limit, policy, fit_ok && !no_admission, &adm, &e))
+    goto fail;
   have_adm = true;
   if (plan_only) {
     char *txt = json ? gs_plan_json(&adm.plan, limit) : gs_plan_format(&adm.plan, limit);

@@ -246,25 +246,31 @@ static uint64_t peak_of(const Gpushare__V1__JobSpec *s, uint32_t micro, uint32_t
 }
 
 Test(plan, admission_fits_refuses_and_auto_fits) {
+  /* PREALLOCATE packs the job's blocks end to end: a limit of exactly the
+   * peak fits, so the boundaries below are exact. */
+  const gs_alloc_policy PRE = GS_POLICY_PREALLOCATE;
   Gpushare__V1__JobSpec *s = load_example("fashion-cnn");
   uint64_t p128 = peak_of(s, 128, 1, -1), p64 = peak_of(s, 64, 2, -1);
   cr_assert_lt(p64, p128);
   gs_admission ad;
   /* Fits as submitted. */
-  cr_assert_eq(gs_plan_admit(s, B, p128, false, &ad, &e), 0);
+  cr_assert_eq(gs_plan_admit_policy(s, B, p128, PRE, false, &ad, &e), 0);
   cr_expect(ad.fits && !ad.chosen);
   cr_expect_eq(ad.micro_batch, 128);
   gs_admission_free(&ad);
+  cr_assert_eq(gs_plan_admit_policy(s, B, p128 - 256, PRE, false, &ad, &e), 0);
+  cr_expect(!ad.fits, "256 bytes short");
+  gs_admission_free(&ad);
   /* Over the limit: refused, the suggestion is the 64 x 2 that fits. */
   uint64_t limit = p64 + 4096;
-  cr_assert_eq(gs_plan_admit(s, B, limit, false, &ad, &e), 0);
+  cr_assert_eq(gs_plan_admit_policy(s, B, limit, PRE, false, &ad, &e), 0);
   cr_expect(!ad.fits && !ad.chosen);
   cr_expect_eq(ad.plan.peak_bytes, p128, "the plan of the refused spec");
   cr_expect(strstr(ad.why, "over the vdev's") && strstr(ad.why, "micro-batch 64 x 2"),
             "%s", ad.why);
   gs_admission_free(&ad);
   /* auto_fit: the largest divisor of 128 that fits, the same effective batch. */
-  cr_assert_eq(gs_plan_admit(s, B, limit, true, &ad, &e), 0);
+  cr_assert_eq(gs_plan_admit_policy(s, B, limit, PRE, true, &ad, &e), 0);
   cr_expect(ad.fits && ad.chosen);
   cr_expect_eq(ad.micro_batch, 64);
   cr_expect_eq(ad.accumulation_steps, 2);
@@ -276,10 +282,16 @@ Test(plan, admission_fits_refuses_and_auto_fits) {
   Gpushare__V1__JobSpec v = with(s, 32, 3, -1);
   uint64_t p12 = peak_of(s, 12, 8, -1), p16 = peak_of(s, 16, 6, -1);
   cr_assert_lt(p12, p16);
-  cr_assert_eq(gs_plan_admit(&v, B, p12, true, &ad, &e), 0);
+  cr_assert_eq(gs_plan_admit_policy(&v, B, p12, PRE, true, &ad, &e), 0);
   cr_expect(ad.fits && ad.chosen);
   cr_expect_eq(ad.micro_batch, 12);
   cr_expect_eq(ad.accumulation_steps, 8);
+  gs_admission_free(&ad);
+  /* GROWTH (gs_plan_admit): what it admits or chooses fits a growth vdev. */
+  cr_assert_eq(gs_plan_admit(s, B, limit, true, &ad, &e), 0);
+  cr_expect(ad.fits && ad.chosen);
+  cr_expect(gs_plan_fits(&ad.plan, limit, GS_POLICY_GROWTH));
+  cr_expect_leq(ad.micro_batch, 64);
   gs_admission_free(&ad);
   gpushare__v1__job_spec__free_unpacked(s, NULL);
 }
@@ -591,5 +603,53 @@ Test(plan, timeline_merges_long_runs) {
   gs_train_destroy(t);
   gs_alloc_destroy(a);
   gs_dataset_free(&tr);
+  gpushare__v1__job_spec__free_unpacked(s, NULL);
+}
+
+/* ------------------------------------------- fitting a limit, by policy --- */
+
+/* gs_plan_fits against the allocator itself: for limits from just under
+ * the peak to twice it, a job is placed by a fresh vdev exactly when the
+ * planner says it fits, under both policies. GROWTH is the interesting
+ * one: its regions can leave no room for a large late buffer (mobilenet's
+ * op workspace) though the sum fits. */
+static bool creates(const Gpushare__V1__JobSpec *s, uint64_t limit, gs_alloc_policy pol,
+                    const gs_dataset *tr) {
+  gs_alloc *a;
+  cr_assert_eq(gs_alloc_create(B, 0, limit, pol, &a), 0);
+  gs_train *t = NULL;
+  gs_train_failure f;
+  gs_err e2;
+  int rc = gs_train_create(s, B, a, tr, NULL, NULL, &t, &f, &e2);
+  if (rc) cr_assert(f.oom, "%s", e2.msg);
+  gs_train_destroy(t);
+  gs_alloc_destroy(a);
+  return rc == 0;
+}
+
+Test(plan, fits_matches_the_allocator_by_policy) {
+  Gpushare__V1__JobSpec *s = load_example("fashion-mobilenet");
+  const char *const pn[2] = {"preallocate", "growth"};
+  for (uint32_t micro = 16; micro <= 64; micro *= 2) {
+    Gpushare__V1__JobSpec v = with(s, micro, 128 / micro, -1);
+    gs_plan p;
+    cr_assert_eq(gs_plan_job(&v, B, &p, &e), 0);
+    gs_dataset tr;
+    synth_for(&v, 128, &tr);
+    int growth_refusals_under_2x = 0;
+    for (int pol = 0; pol < 2; pol++)
+      for (uint64_t lim = p.peak_bytes - 4096; lim <= 2 * p.peak_bytes; lim += p.peak_bytes / 16) {
+        bool planned = gs_plan_fits(&p, lim, (gs_alloc_policy)pol);
+        bool real = creates(&v, lim, (gs_alloc_policy)pol, &tr);
+        cr_expect_eq(planned, real, "micro-batch %u, %s, limit %llu (peak %llu): plan says %d, "
+                     "the allocator %d", micro, pn[pol], (unsigned long long)lim,
+                     (unsigned long long)p.peak_bytes, planned, real);
+        if (pol == GS_POLICY_GROWTH && lim >= p.peak_bytes && !real) growth_refusals_under_2x++;
+      }
+    cr_log_info("micro-batch %u: growth refused %d limits above the peak", micro,
+                growth_refusals_under_2x);
+    gs_dataset_free(&tr);
+    gs_plan_free(&p);
+  }
   gpushare__v1__job_spec__free_unpacked(s, NULL);
 }
