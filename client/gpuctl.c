@@ -1457,7 +1457,8 @@ static void job_show(const Gpushare__V1__Job *j) {
       table_cell(&t, "%.2f%%", 100.0 * m->test_accuracy);
       table_cell(&t, "%.0f", m->samples_per_second);
       table_cell(&t, "%s", fsize(m->peak_memory_bytes));
-      table_cell(&t, m->has_loss_scale ? "%g" : "-", m->loss_scale);
+      /* fp32 and bf16 epochs report a scale of 1: only fp16 has one */
+      table_cell(&t, m->has_loss_scale && m->loss_scale != 1.0f ? "%g" : "-", m->loss_scale);
       table_cell(&t, "%" PRIu64, m->skipped_steps);
     }
     table_print(&t);
