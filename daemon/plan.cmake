@@ -16,3 +16,11 @@ if(GS_TESTS AND EXISTS ${GS_SOURCE_DIR}/tests/unit/test_plan.c)
   endif()
   set_tests_properties(test_plan PROPERTIES TIMEOUT 900)
 endif()
+
+# Prints the allocator's share of a training step; never part of the test suite.
+if(EXISTS ${GS_SOURCE_DIR}/tests/bench/bench_alloc_step.c)
+  add_executable(bench_alloc_step ${GS_SOURCE_DIR}/tests/bench/bench_alloc_step.c)
+  target_link_libraries(bench_alloc_step PRIVATE gstrain)
+  target_compile_definitions(bench_alloc_step PRIVATE
+    GS_EXAMPLES_PB_DIR="${CMAKE_BINARY_DIR}/examples")
+endif()
