@@ -26,6 +26,12 @@
  *     not skipped, known one step late, which is exact since a skipped step
  *     changes nothing).
  *  4. epoch end: evaluate the test set, report, checkpoint.
+ * The buffer list of step 1 is gs_train_buffers(), one function the planner
+ * (daemon/plan.c) calls too, so a plan's peak is the allocator's by
+ * construction. Memory is watched per step: the allocator's peak is reset
+ * at each step start and read at its end (the job keeps its own overall
+ * peak), giving the timeline of gs_train_memory_timeline, and the bytes by
+ * (layer, role) are snapshotted when in use reaches a new high.
  * A job's numbers depend only on the spec, the seed, the backend and the
  * thread count, so a resumed job reproduces an uninterrupted one bit for bit.
  */
