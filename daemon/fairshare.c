@@ -9,11 +9,11 @@
  * either have a job waiting or released the device less than `grace` ago,
  * and picks the smallest virtual time; when the pick is a vdev still inside
  * its grace, the waiters sleep until that grace ends (or until it comes back
- * and takes its turn). Before that, the vdev holding the current slice keeps
- * the device while it is a candidate and its slice has time left; a grant to
- * any vdev outside a running slice starts a new slice. Every change that can let a waiter through (release,
- * leave, a share change, a removal) broadcasts; a grace that runs out is
- * seen by the timed wait. Slots live in an array of pointers so a job's
+ * and takes its turn). Before that, the vdev holding the current slice
+ * keeps the device while it is a candidate and its slice has time left; a
+ * grant to any vdev outside a running slice starts a new slice. Every
+ * change that can let a waiter through (release, leave, a share change, a
+ * removal) broadcasts; a grace that runs out is seen by the timed wait. Slots live in an array of pointers so a job's
  * slot index stays valid while SetVdevs adds others.
  */
 #include "fairshare.h"

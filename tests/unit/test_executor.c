@@ -533,8 +533,9 @@ Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {
   static const uint32_t shares[] = {75, 25};
   set_vdevs(&x, 2, names, limits, shares, GPUSHARE__V1__POLICY__GROWTH);
   job_spec js;
-  const uint64_t steps = 45000; /* about 3 s here, longer under the sanitizers */
+  const uint64_t steps = 150000; /* about 3 s here, longer under the sanitizers */
   job_spec_init(&js, steps, 10000);
+  js.syn.examples = 8192; /* 512 steps an epoch: few epoch ends (and checkpoints) */
   start_job(&x, 1, "s75", &js, "", "");
   start_job(&x, 2, "s25", &js, "", "");
 
@@ -664,4 +665,56 @@ Test(executor, dies_with_its_parent, .timeout = 120) {
   cr_expect_eq(rc, -EPIPE, "the executor's socket is still open (%d)", rc);
   close(sv[0]);
   rmdir(dir);
+}
+
+/* gpuN: on a machine with the CUDA plugin and a GPU the same job runs on
+ * gpu0; elsewhere the executor refuses the device and exits 1 (it never
+ * falls back to the CPU behind the control plane's back). */
+Test(executor, gpu0_runs_a_job_or_is_refused, .timeout = 600) {
+  int sv[2];
+  cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ex x;
+  memset(&x, 0, sizeof x);
+  snprintf(x.dir, sizeof x.dir, "/tmp/gs-exec-XXXXXX");
+  cr_assert_not_null(mkdtemp(x.dir));
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    if (dup2(sv[1], 3) < 0) _exit(127);
+    execl(GS_EXECUTOR_PATH, "gpushare-executor", "--device", "gpu0", "--fd", "3", "--state-dir",
+          x.dir, (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  x.pid = pid;
+  x.fd = sv[0];
+  struct pollfd p = {.fd = x.fd, .events = POLLIN};
+  cr_assert_gt(poll(&p, 1, RECV_GUARD_MS), 0);
+  uint8_t *body = NULL;
+  size_t len = 0;
+  int rc = gs_wire_read_frame(x.fd, GS_WIRE_MAX_FRAME, &body, &len);
+  if (rc == -EPIPE) {
+    free(body);
+    close(x.fd);
+    cr_expect_eq(ex_wait(&x), 1, "without a usable GPU the executor exits 1");
+    cr_log_info("no usable gpu0 here: refused");
+    return;
+  }
+  cr_assert_eq(rc, 0);
+  from_msg *m = gpushare__exec__v1__from_executor__unpack(NULL, len, body);
+  free(body);
+  cr_assert_not_null(m);
+  cr_assert_eq(m->msg_case, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_READY);
+  cr_expect_str_eq(m->ready->device, "gpu0");
+  gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+  set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
+  job_spec js;
+  job_spec_init(&js, 30, 2);
+  start_job(&x, 1, "g0", &js, "", "");
+  m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 1);
+  cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__SUCCEEDED, "on gpu0: %s",
+               m->finished->reason ? m->finished->reason : "");
+  cr_expect_eq(m->finished->steps, 30);
+  gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+  ex_close(&x);
 }
