@@ -202,10 +202,12 @@ static void state_event(const gs_job *j, Gpushare__V1__JobEvent *ev, const char 
   ev->total_steps = r->total_steps;
   if (r->n_epoch) {
     const Gpushare__V1__EpochMetrics *m = r->epoch[r->n_epoch - 1];
-    ev->has_epoch = ev->has_loss = ev->has_accuracy = ev->has_loss_scale = 1;
+    ev->has_epoch = ev->has_loss = 1;
     ev->epoch = m->epoch;
     ev->loss = m->train_loss;
+    ev->has_accuracy = m->has_test_accuracy;
     ev->accuracy = m->test_accuracy;
+    ev->has_loss_scale = m->has_loss_scale;
     ev->loss_scale = m->loss_scale;
   }
   ev->message = (char *)message;
@@ -513,10 +515,16 @@ static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
   }
   Gpushare__V1__JobState st = f->has_state ? f->state : GPUSHARE__V1__JOB_STATE__FAILED;
   if (!final_state(st)) st = GPUSHARE__V1__JOB_STATE__FAILED;
-  if (j->cancel_requested && st == GPUSHARE__V1__JOB_STATE__CANCELLED && !f->reason)
-    job_transition(d, j, st, "cancelled by its tenant");
-  else
+  if (j->cancel_requested && st == GPUSHARE__V1__JOB_STATE__CANCELLED) {
+    /* Who cancelled (kept since the request) and where it stopped. */
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s%s%s%s", r->reason ? r->reason : "cancelled",
+             f->reason && *f->reason ? " (" : "", f->reason && *f->reason ? f->reason : "",
+             f->reason && *f->reason ? ")" : "");
+    job_transition(d, j, st, reason);
+  } else {
     job_transition(d, j, st, f->reason && *f->reason ? f->reason : NULL);
+  }
   schedule(d);
 }
 
@@ -1102,7 +1110,11 @@ int gs_rpc_watch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return -1;
   Gpushare__V1__JobEvent ev;
-  state_event(j, &ev, final_state(j->rec->state) ? j->rec->reason : NULL);
+  char msg[1200];
+  /* The same words a live watcher got when the job ended. */
+  snprintf(msg, sizeof msg, "%s%s%s", state_name(j->rec->state), j->rec->reason ? ": " : "",
+           j->rec->reason ? j->rec->reason : "");
+  state_event(j, &ev, final_state(j->rec->state) ? msg : NULL);
   if (final_state(j->rec->state)) {
     send_watch(c->conn, c->req_id, &ev, true);
     c->deferred = true;

@@ -38,7 +38,7 @@ echo "== examples/fashion-mlp (784-256-128-10, Adam, batch 128, $EPOCHS epochs):
 JOB=$D/fashion-mlp.pb
 # The example trains 10 epochs; the demo's length is its argument.
 sed "s/^epochs: .*/epochs: $EPOCHS/" examples/fashion-mlp.txtpb >"$D/fashion-mlp.txtpb"
-protoc --encode=gpushare.v1.JobSpec --proto_path=proto gpushare.proto <"$D/fashion-mlp.txtpb" >"$JOB"
+gpuctl job encode "$D/fashion-mlp.txtpb" -o "$JOB"
 gpuctl plan "$JOB" --vdev ml0
 echo "\$ gpuctl submit $JOB --watch"
 "$B/client/gpuctl" submit "$JOB" --watch
