@@ -44,6 +44,7 @@
  * least one image), so the workspace is bounded whatever the batch.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cuda_internal.h"
