@@ -114,7 +114,14 @@ expect_ok "cancel long2" A cancel "$l2"; wait_state "$l2" CANCELLED 10
 expect_ok "quota back" ctl quota set a --max-running 4 --max-queued 8
 
 # --- fair share: 75/25 compute shares -> 3:1 step rates -----------------------
-synth share-a a0 100000; synth share-b b0 100000
+# Steps of a few milliseconds, as real jobs have (shares are accounted per step).
+wide() { job "$1" "name: \"$1\" vdev: \"$2\"
+model { input { height: 28 width: 28 channels: 1 }
+  layer { flatten {} } layer { dense { units: 512 activation: RELU } } layer { dense { units: 10 } } }
+train { synthetic { examples: 8192 seed: 7 classes: 10 } }
+batch_size: 64 epochs: 10000 max_steps: 100000 seed: 1
+optimizer { adam { learning_rate: 0.001 } }"; }
+wide share-a a0; wide share-b b0
 expect_ok "share job on a0 (75)" A submit "$T/share-a.pb"; sa=$(A --json list | json_field "['job'][-1]['id']")
 expect_ok "share job on b0 (25)" B submit "$T/share-b.pb"; sb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$sa" RUNNING; wait_state "$sb" RUNNING
