@@ -48,10 +48,10 @@ static Gpushare__V1__Tenant *tenant_msg(arena *a, const gs_tenant *t) {
   m->name = ar_strdup(a, t->name);
   m->n_uids = t->n_uids;
   m->uids = ar_alloc(a, t->n_uids * sizeof *m->uids + 1);
-  if (m->uids) memcpy(m->uids, t->uids, t->n_uids * sizeof *m->uids);
+  if (m->uids && t->n_uids) memcpy(m->uids, t->uids, t->n_uids * sizeof *m->uids);
   m->n_gids = t->n_gids;
   m->gids = ar_alloc(a, t->n_gids * sizeof *m->gids + 1);
-  if (m->gids) memcpy(m->gids, t->gids, t->n_gids * sizeof *m->gids);
+  if (m->gids && t->n_gids) memcpy(m->gids, t->gids, t->n_gids * sizeof *m->gids);
   m->quota = quota_msg(a, &t->quota);
   m->has_memory_allocated = m->has_compute_allocated = m->has_vdev_count = 1;
   m->has_created_unix = 1;
