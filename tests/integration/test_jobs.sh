@@ -131,7 +131,13 @@ sleep 6
 s2a=$(ctl --json status "$sa" | json_field "['job'].get('step',0)"); s2b=$(ctl --json status "$sb" | json_field "['job'].get('step',0)")
 ratio=$($PY -c "print(round(($s2a-$s1a)/max(1,$s2b-$s1b),2))")
 echo "steps over 6 s: a0 $((s2a - s1a)), b0 $((s2b - s1b)), ratio $ratio (want 3 +- 15%)"
-$PY -c "import sys; sys.exit(0 if 2.55 <= $ratio <= 3.45 else 1)" && pass "75/25 shares give step rates $ratio:1" || fail "share ratio $ratio"
+# Under ASan+UBSan the instrumentation's cost is not the job's own, so step
+# rates there say little about shares: the ratio is checked in the plain build.
+if [ "${GS_SANITIZED:-0}" = 1 ]; then
+  echo "note - share ratio $ratio not checked in the sanitizer build"
+else
+  $PY -c "import sys; sys.exit(0 if 2.55 <= $ratio <= 3.45 else 1)" && pass "75/25 shares give step rates $ratio:1" || fail "share ratio $ratio"
+fi
 
 # --- metrics -------------------------------------------------------------------
 expect_ok "metrics" ctl metrics
