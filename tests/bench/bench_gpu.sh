@@ -10,7 +10,10 @@ shift
 if [ $# -ge 1 ]; then args=("$@"); else args=(8192 8192 10); fi
 here=$(cd "$(dirname "$0")" && pwd)
 
-ours=$("$bin" "${args[@]}") || { echo "bench_gpu: gpushare run failed"; exit 1; }
+# GS_BENCH_LD_LIBRARY_PATH: libraries for gpushare's binary alone (check.sh's
+# OpenBLAS bundle), kept away from PyTorch's process
+ld=${GS_BENCH_LD_LIBRARY_PATH:-}
+ours=$(LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+${ld:+:}$LD_LIBRARY_PATH}" "$bin" "${args[@]}") || { echo "bench_gpu: gpushare run failed"; exit 1; }
 echo "$ours" | grep -v '^RESULT'
 theirs=$(python3 "$here/bench_gpu.py" "${args[@]}" 2>&1)
 prc=$?

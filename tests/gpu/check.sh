@@ -38,6 +38,9 @@ stage "OpenBLAS bundle"
 bundle=${GS_GPU_BUNDLE:-$root/build-gpu-bundle}
 prefix=/tmp/gs-gpu-prefix
 cmake_blas=(-DGS_REF_BLAS=ON)
+blas_libs=
+# run a gpushare program with the bundle's libraries (PyTorch runs without them)
+ours() { env LD_LIBRARY_PATH="$blas_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 if ls "$bundle"/*.deb >/dev/null 2>&1; then
   rm -rf "$prefix" && mkdir -p "$prefix"
   for f in "$bundle"/*.deb; do
@@ -48,7 +51,9 @@ if ls "$bundle"/*.deb >/dev/null 2>&1; then
     fi || echo "check.sh: could not unpack $f"
   done
   cmake_blas=(-DGS_PREFIX="$prefix")
-  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu/openblas-pthread:$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # for gpushare's programs only (libopenblas finds libgfortran through it);
+  # PyTorch runs without it, on its own libraries
+  blas_libs="$prefix/usr/lib/x86_64-linux-gnu/openblas-pthread:$prefix/usr/lib/x86_64-linux-gnu"
   echo "unpacked $(ls "$bundle"/*.deb | wc -l) packages into $prefix"
 else
   echo "no bundle in $bundle: the cpu reference uses tests/gpu/fallback/ref_blas.c"
@@ -65,24 +70,24 @@ fi
 if ! timeout 240 cmake --build "$build" -j"$jobs"; then
   echo "check.sh: build failed"; exit 1
 fi
-if ldd "$build/gpu_tests" | grep -q "not found"; then
+if ours ldd "$build/gpu_tests" | grep -q "not found"; then
   echo "check.sh: the bundled OpenBLAS does not load here; rebuilding on the fallback GEMM"
-  ldd "$build/gpu_tests" | grep "not found"
+  ours ldd "$build/gpu_tests" | grep "not found"
   rm -rf "$build"
+  blas_libs=
   configure -DGS_REF_BLAS=ON && timeout 240 cmake --build "$build" -j"$jobs" || { echo "check.sh: build failed"; exit 1; }
 fi
 echo "built in $(( $(date +%s) - t0 )) s"
 export GS_CUDA_PLUGIN=$build/kernels/cuda/libgskernels_cuda.so
 
 stage "gpu_tests"
-timeout 240 "$build/gpu_tests"
+ours timeout 240 "$build/gpu_tests"
 tests_rc=$?
 [ $tests_rc -eq 124 ] && echo "check.sh: gpu_tests ran past 240 s"
 
 if command -v compute-sanitizer >/dev/null; then
   stage "compute-sanitizer memcheck (layer ops)"
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$build/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast
+  ours timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast
   san_rc=$?
   case $san_rc in
     0) echo "memcheck: clean" ;;
@@ -92,7 +97,7 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 stage "benchmark"
-timeout 200 bash tests/bench/bench_gpu.sh "$build/bench_gpu" || echo "check.sh: benchmark did not finish"
+GS_BENCH_LD_LIBRARY_PATH="$blas_libs" timeout 200 bash tests/bench/bench_gpu.sh "$build/bench_gpu" || echo "check.sh: benchmark did not finish"
 
 stage "summary"
 if [ $tests_rc -eq 0 ]; then echo "GPU checks passed"; else echo "GPU checks FAILED ($tests_rc)"; fi
