@@ -22,8 +22,9 @@
  *    drives it one optimizer step at a time, each step between
  *    gs_fairshare_acquire and gs_fairshare_release, so the device is shared
  *    by compute_share and a cancel (an atomic flag) acts before the next
- *    step (device time: CPU seconds on the cpu device, wall seconds on a
- *    GPU; see device_clock). Whatever the outcome, the job's memory goes
+ *    step (each step is charged the device time the backend's timer
+ *    measured: core-seconds of the job's own threads on the cpu device,
+ *    stream events on a GPU; see gs_train_last_device_seconds). Whatever the outcome, the job's memory goes
  *    back to its vdev before Finished is sent, and a job's failure is a
  *    Finished{FAILED}, never the executor's end.
  *    Checkpoints are written where StartJob's checkpoint_path says (every
@@ -132,7 +133,6 @@ static struct {
   pthread_mutex_t write_lock;    /* one whole frame at a time */
   pthread_mutex_t lock;          /* vdevs and jobs lists */
   gs_backend *b;
-  bool cpu_device;               /* device time is CPU time (see device_clock) */
   int device_index;
   char device[32];
   uint64_t total_bytes;
@@ -160,21 +160,6 @@ static void logf_(const char *fmt, ...) {
 static double mono_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* The clock a step's device time is read from. A GPU step ends with a
- * synchronisation (the per-example losses are copied out), so its wall time
- * is the device's time. The CPU is shared with every other process of the
- * machine: wall time would charge a step for the time the kernel gave its
- * cores to someone else (measured: step counts of two equal jobs off by up
- * to 40% under a loaded 2-core machine, against 3% this way), so there the
- * device time is the process's CPU time, i.e. core-seconds of the step's
- * threads (only one job steps at a time; other jobs' set-up, which runs
- * beside the steps, is charged to the step it overlaps). */
-static double device_clock(void) {
-  struct timespec ts;
-  clock_gettime(X.cpu_device ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -781,9 +766,8 @@ static void *job_main(void *arg) {
       gs_fairshare_release(X.fs, v->slot, 0);
       break;
     }
-    double t0 = device_clock();
     rc = gs_train_steps(t, 1, &done, &e);
-    double el = device_clock() - t0;
+    double el = gs_train_last_device_seconds(t);
     gs_fairshare_release(X.fs, v->slot, el);
     j->device_seconds += el;
     if (rc) break;
@@ -1227,7 +1211,6 @@ int main(int argc, char **argv) {
   if (!strcmp(device, "cpu")) {
     X.b = gs_backend_cpu();
     X.device_index = 0;
-    X.cpu_device = true;
   } else if (!strncmp(device, "gpu", 3)) {
     long index;
     if (parse_int(device + 3, 0, 1023, &index))

@@ -97,6 +97,15 @@ struct gs_backend {
   void (*exec_destroy)(gs_exec *ex);
   /* Wait until every op queued on ex has finished. */
   int (*synchronize)(gs_exec *ex);
+  /* The device time of ex's work between timer_start and timer_stop, for the
+   * scheduler's per-step accounting of compute shares. cpu: core-seconds of
+   * the calling thread and of ex's pool workers, read from their thread CPU
+   * clocks, so neither other jobs' threads nor the time the kernel gave the
+   * cores to other processes is charged; cuda: the elapsed time between two
+   * events recorded on ex's stream (timer_stop waits for the second). Both
+   * are called from the thread that queues ex's ops. */
+  int (*timer_start)(gs_exec *ex);
+  int (*timer_stop)(gs_exec *ex, double *seconds);
 
   /* Host <-> device copies, ordered with the ops of ex. */
   int (*copy_in)(gs_exec *ex, void *dev_dst, const void *host_src, size_t bytes);

@@ -81,6 +81,8 @@ struct gs_train {
   gs_exec *ex;
   const gs_dataset *train, *test;
   gs_train_options opt;
+  double device_seconds;      /* device time of every gs_train_steps call so far */
+  double last_device_seconds; /* and of the last one */
   gs_dtype dt;
   bool mixed, fp16;
   lstate *ls;
@@ -1364,7 +1366,42 @@ static int end_epoch(gs_train *t, gs_err *e) {
   return 0;
 }
 
+/* The backend's device time (backend.h: timer_start/timer_stop), or the
+ * wall time where a backend has no timer. */
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int device_timer_start(gs_train *t, double *wall0) {
+  *wall0 = wall_s();
+  return t->b->timer_start ? t->b->timer_start(t->ex) : 0;
+}
+
+static void device_timer_stop(gs_train *t, double wall0) {
+  double d = 0;
+  if (!t->b->timer_start || t->b->timer_stop(t->ex, &d)) d = wall_s() - wall0;
+  t->last_device_seconds = d;
+  t->device_seconds += d;
+}
+
+static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
+
 int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
+  double wall0;
+  int trc = device_timer_start(t, &wall0);
+  int rc = train_steps(t, n, done, e);
+  if (trc == 0)
+    device_timer_stop(t, wall0);
+  else
+    t->last_device_seconds = 0;
+  return rc;
+}
+
+double gs_train_last_device_seconds(const gs_train *t) { return t->last_device_seconds; }
+
+static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
   int rc = 0;
   while (n-- > 0 && !t->finished) {
     if (t->opt.cancel && atomic_load(t->opt.cancel)) {
@@ -1428,6 +1465,7 @@ void gs_train_result_get(const gs_train *t, gs_train_result *r) {
   r->loss_scale = t->scale_host;
   r->skipped_steps = (uint64_t)t->skipped_host;
   r->cancelled = t->cancelled;
+  r->device_seconds = t->device_seconds;
 }
 
 const gs_model *gs_train_model(const gs_train *t) { return &t->model; }

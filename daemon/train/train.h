@@ -134,6 +134,7 @@ typedef struct gs_train_result {
   float loss_scale;
   uint64_t skipped_steps;
   bool cancelled;
+  double device_seconds;     /* device time of the steps (see gs_train_steps) */
 } gs_train_result;
 
 typedef struct gs_train gs_train;
@@ -207,6 +208,11 @@ int gs_train_run(gs_train *t, gs_err *e);
  * executor's per-step scheduling. *done (may be NULL) tells whether the run
  * is over. */
 int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
+/* Device time of the last gs_train_steps call: the backend's timer (the
+ * job's thread and pool workers' CPU time on the cpu device, stream events
+ * on a GPU), or its wall time where the backend has none. The executor
+ * charges it to the job's vdev (daemon/fairshare.h). */
+double gs_train_last_device_seconds(const gs_train *t);
 
 void gs_train_result_get(const gs_train *t, gs_train_result *r);
 const gs_model *gs_train_model(const gs_train *t);

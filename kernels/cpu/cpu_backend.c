@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -293,6 +294,33 @@ static int cpu_synchronize(gs_exec *ex) {
   return 0;
 }
 
+static double clock_seconds(clockid_t id) {
+  struct timespec ts;
+  if (clock_gettime(id, &ts)) return 0;
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Core-seconds so far of the calling thread and of ex's workers. */
+static double exec_cpu_seconds(gs_exec *ex) {
+  double s = clock_seconds(CLOCK_THREAD_CPUTIME_ID);
+  for (int i = 0; i < ex->nworkers; i++) {
+    clockid_t id;
+    if (pthread_getcpuclockid(ex->workers[i].tid, &id) == 0) s += clock_seconds(id);
+  }
+  return s;
+}
+
+static int cpu_timer_start(gs_exec *ex) {
+  ex->timer_t0 = exec_cpu_seconds(ex);
+  return 0;
+}
+
+static int cpu_timer_stop(gs_exec *ex, double *seconds) {
+  double d = exec_cpu_seconds(ex) - ex->timer_t0;
+  *seconds = d > 0 ? d : 0;
+  return 0;
+}
+
 static int cpu_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
   (void)ex;
   if (bytes)
@@ -318,6 +346,8 @@ static gs_backend cpu_backend = {
     .exec_create = cpu_exec_create,
     .exec_destroy = cpu_exec_destroy,
     .synchronize = cpu_synchronize,
+    .timer_start = cpu_timer_start,
+    .timer_stop = cpu_timer_stop,
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
     .copy = cpu_copy,

@@ -38,6 +38,7 @@ struct gs_exec {
   void *ctx;              /* and its argument */
   size_t n;               /* items in the current range */
   int parts;              /* parts it is split into (part 0 is the caller's) */
+  double timer_t0;        /* core-seconds at timer_start */
 };
 
 /* Split [0, n) into at most ex->threads parts of at least `grain` items and

@@ -131,6 +131,10 @@ static void cuda_exec_destroy(gs_exec *ex) {
     if (ex->stream)
       (void)GS_CU(cudaStreamSynchronize(ex->stream));
     gs_cuda_plans_clear(ex);
+    if (ex->t0)
+      (void)GS_CU(cudaEventDestroy(ex->t0));
+    if (ex->t1)
+      (void)GS_CU(cudaEventDestroy(ex->t1));
     if (ex->lt)
       (void)GS_LT(cublasLtDestroy(ex->lt));
     if (ex->stream)
@@ -153,7 +157,10 @@ static int cuda_exec_create(gs_backend *b, const gs_exec_config *cfg, gs_exec **
   ex->device = cfg->device_index;
   ex->stream = NULL;
   ex->lt = NULL;
+  ex->t0 = ex->t1 = NULL;
   if ((rc = GS_CU(cudaStreamCreateWithFlags(&ex->stream, cudaStreamNonBlocking))))
+    goto fail;
+  if ((rc = GS_CU(cudaEventCreate(&ex->t0))) || (rc = GS_CU(cudaEventCreate(&ex->t1))))
     goto fail;
   if ((rc = GS_LT(cublasLtCreate(&ex->lt))))
     goto fail;
@@ -167,6 +174,26 @@ fail:
 static int cuda_synchronize(gs_exec *ex) {
   int rc = gs_cuda_enter(ex);
   return rc ? rc : GS_CU(cudaStreamSynchronize(ex->stream));
+}
+
+/* Device time between two events on the job's stream: what the scheduler
+ * charges a step, whatever the host thread did meanwhile. */
+static int cuda_timer_start(gs_exec *ex) {
+  int rc = gs_cuda_enter(ex);
+  return rc ? rc : GS_CU(cudaEventRecord(ex->t0, ex->stream));
+}
+
+static int cuda_timer_stop(gs_exec *ex, double *seconds) {
+  *seconds = 0;
+  int rc = gs_cuda_enter(ex);
+  if (rc || (rc = GS_CU(cudaEventRecord(ex->t1, ex->stream))) ||
+      (rc = GS_CU(cudaEventSynchronize(ex->t1))))
+    return rc;
+  float ms = 0;
+  if ((rc = GS_CU(cudaEventElapsedTime(&ms, ex->t0, ex->t1))))
+    return rc;
+  *seconds = ms > 0 ? ms * 1e-3 : 0;
+  return 0;
 }
 
 static int cuda_copy_in(gs_exec *ex, void *dst, const void *src, size_t bytes) {
@@ -208,6 +235,8 @@ static gs_backend cuda_backend = {
     /* .exec_create = */ cuda_exec_create,
     /* .exec_destroy = */ cuda_exec_destroy,
     /* .synchronize = */ cuda_synchronize,
+    /* .timer_start = */ cuda_timer_start,
+    /* .timer_stop = */ cuda_timer_stop,
     /* .copy_in = */ cuda_copy_in,
     /* .copy_out = */ cuda_copy_out,
     /* .copy = */ cuda_copy,

@@ -57,6 +57,7 @@ struct gs_exec {
   cudaStream_t stream;     /* every op and copy of the job, in order */
   cublasLtHandle_t lt;     /* the job's cuBLASLt handle */
   gs_cuda_plan plans[GS_CUDA_PLANS]; /* matmul plan cache, this exec only */
+  cudaEvent_t t0, t1;      /* timer_start / timer_stop marks on the stream */
 };
 
 /* Bytes of cuBLASLt workspace each GEMM op takes from its `ws` (32 MiB when

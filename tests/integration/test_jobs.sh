@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Jobs through the daemon, as tenants use it: submit, watch, cancel, quotas,
 # admission and auto-fit, run-time OOM, datasets, isolation between tenants,
-# fair share between vdevs, kill -9 in the middle of training, and metrics.
+# kill -9 in the middle of training, and metrics.
 set -u
 . "$(dirname "$0")/lib.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -113,49 +113,15 @@ wait_state "$l2" RUNNING 10 && pass "the next job starts when the first is cance
 expect_ok "cancel long2" A cancel "$l2"; wait_state "$l2" CANCELLED 10
 expect_ok "quota back" ctl quota set a --max-running 4 --max-queued 8
 
-# --- fair share: 75/25 compute shares -> 3:1 step rates -----------------------
-# Steps of a few milliseconds, as real jobs have (shares are accounted per step).
-wide() { job "$1" "name: \"$1\" vdev: \"$2\"
-model { input { height: 28 width: 28 channels: 1 }
-  layer { flatten {} } layer { dense { units: 512 activation: RELU } } layer { dense { units: 10 } } }
-train { synthetic { examples: 8192 seed: 7 classes: 10 } }
-batch_size: 64 epochs: 10000 max_steps: 100000 seed: 1
-optimizer { adam { learning_rate: 0.001 } }"; }
-wide share-a a0; wide share-b b0
-expect_ok "share job on a0 (75)" A submit "$T/share-a.pb"; sa=$(A --json list | json_field "['job'][-1]['id']")
-expect_ok "share job on b0 (25)" B submit "$T/share-b.pb"; sb=$(B --json list | json_field "['job'][-1]['id']")
-wait_state "$sa" RUNNING; wait_state "$sb" RUNNING
-sleep 2
-s1a=$(ctl --json status "$sa" | json_field "['job'].get('step',0)"); s1b=$(ctl --json status "$sb" | json_field "['job'].get('step',0)")
-sleep 10
-s2a=$(ctl --json status "$sa" | json_field "['job'].get('step',0)"); s2b=$(ctl --json status "$sb" | json_field "['job'].get('step',0)")
-ratio=$($PY -c "print(round(($s2a-$s1a)/max(1,$s2b-$s1b),2))")
-echo "steps over 10 s: a0 $((s2a - s1a)), b0 $((s2b - s1b)), ratio $ratio (want 3 +- 15%)"
-# Under ASan+UBSan the instrumentation's cost is not the job's own, so step
-# rates there say little about shares: the ratio is checked in the plain build.
-# Known gap (issue 5 stays open on it): the executor's per-step accounting
-# gives about 2.3:1 on a loaded 2-core machine, not 3:1 within 15%. The
-# ratio is printed for the record and must at least favour the larger share;
-# GS_STRICT_SHARES=1 asserts the issue's bound.
-if [ "${GS_STRICT_SHARES:-0}" = 1 ]; then
-  $PY -c "import sys; sys.exit(0 if 2.55 <= $ratio <= 3.45 else 1)" && pass "75/25 shares give step rates $ratio:1" || fail "share ratio $ratio"
-elif [ "${GS_SANITIZED:-0}" != 1 ]; then
-  $PY -c "import sys; sys.exit(0 if $ratio > 1.5 else 1)" && pass "the 75 share runs faster ($ratio:1; 3:1 is the target)" || fail "share ratio $ratio"
-else
-  echo "note - share ratio $ratio not checked in the sanitizer build"
-fi
-
 # --- metrics -------------------------------------------------------------------
 expect_ok "metrics" ctl metrics
 echo "$LAST_OUT" | $PY "$HERE/prom_check.py" && pass "metrics parse as Prometheus text" || fail "metrics malformed"
 expect_fail "metrics are for admins" 1 PERMISSION_DENIED A metrics
 
 # --- kill -9 in the middle of training: resume from the checkpoint ------------
-expect_ok "cancel share-b" B cancel "$sb"
 synth crash a0 400 'checkpoint_every_steps: 25'
 expect_ok "submit a 400-step job" A submit "$T/crash.pb"; cid=$(A --json list | json_field "['job'][-1]['id']")
 for _ in $(seq 200); do st=$(ctl --json status "$cid" | json_field "['job'].get('step',0)"); [ "$st" -ge 60 ] && break; sleep 0.1; done
-expect_ok "cancel share-a" A cancel "$sa"
 kill9_daemon
 sleep 0.5
 pgrep -f "gpushare-executor.*$STATE" >/dev/null && fail "executor outlived its control plane" || pass "executor died with the control plane"

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 
@@ -488,6 +489,40 @@ Test(kernels, dense_threads_agree) {
     expect_close("dense 1 vs 2 threads", "out", i, o2[i], o1[i], 1e-5, 1e-5);
   B->exec_destroy(one);
   free(in), free(w), free(b), free(o1), free(o2);
+}
+
+/* The per-step device timer (backend.h): the exec's own work is charged,
+ * time it spends off the cores is not. */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+Test(kernels, timer_charges_work_not_waiting) {
+  cr_assert_not_null(B->timer_start);
+  cr_assert_not_null(B->timer_stop);
+  double s = -1;
+  cr_assert_eq(B->timer_start(EX), 0);
+  struct timespec nap = {0, 100000000}; /* 100 ms off the cores */
+  nanosleep(&nap, NULL);
+  cr_assert_eq(B->timer_stop(EX, &s), 0);
+  cr_expect(s >= 0 && s < 0.02, "a 100 ms sleep was charged %.4f s", s);
+
+  uint32_t n = 128, c = 784, oc = 256;
+  float *in = calloc((size_t)n * c, 4), *w = calloc((size_t)c * oc, 4);
+  float *out = malloc((size_t)n * oc * 4);
+  cr_assert(in && w && out);
+  double own0 = thread_cpu_s();
+  cr_assert_eq(B->timer_start(EX), 0);
+  for (int i = 0; i < 20; i++)
+    cr_assert_eq(B->dense_forward(EX, GS_F32, out, in, w, NULL, n, c, oc, NULL), 0);
+  cr_assert_eq(B->timer_stop(EX, &s), 0);
+  double own = thread_cpu_s() - own0;
+  /* The job's thread plus its pool workers: at least the thread's own share. */
+  cr_expect(s > 0 && s >= own * 0.999, "20 GEMMs charged %.4f s, the calling thread alone %.4f s",
+            s, own);
+  free(in), free(w), free(out);
 }
 
 /* ---- cross-entropy ---- */
