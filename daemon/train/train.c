@@ -47,6 +47,7 @@
 
 #include "ckpt.h"
 #include "safetensors.h"
+#include "fpenv.h"
 
 /* Loss-scale block on the device: one 256-byte allocation. */
 #define LS_SCALE 0   /* float: current loss scale (1 unless fp16) */
@@ -1389,6 +1390,7 @@ static void device_timer_stop(gs_train *t, double wall0) {
 static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
 
 int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
+  gs_fpenv fp = gs_fpenv_flush_denormals(); /* kernels/fpenv.h */
   double wall0;
   int trc = device_timer_start(t, &wall0);
   int rc = train_steps(t, n, done, e);
@@ -1396,6 +1398,7 @@ int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
     device_timer_stop(t, wall0);
   else
     t->last_device_seconds = 0;
+  gs_fpenv_restore(fp);
   return rc;
 }
 

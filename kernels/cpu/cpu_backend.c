@@ -49,11 +49,13 @@
 #include <cblas.h>
 
 #include "cpu_internal.h"
+#include "fpenv.h"
 
 /* ---- worker pool ---- */
 
 static void *cpu_worker_main(void *arg) {
   struct gs_cpu_worker *wk = arg;
+  (void)gs_fpenv_flush_denormals(); /* fpenv.h: as the job's own thread */
   gs_exec *ex = wk->ex;
   uint64_t seen = 0;
   pthread_mutex_lock(&ex->mu);
