@@ -133,6 +133,10 @@ const char *gs_size_format(uint64_t bytes, char *buf, size_t len) {
     v /= 1024.0;
     u++;
   }
+  /* Past 15.995 EiB, "%.2f" rounds to "16.00 EiB", more than UINT64_MAX,
+   * which gs_size_parse refuses: print the hundredth below instead, so what
+   * gpushare prints can always be typed back. */
+  if (u == 6 && v >= 15.995) v = 15.99;
   snprintf(buf, len, "%.2f %s", v, units[u]);
   return buf;
 }
