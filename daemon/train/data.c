@@ -9,13 +9,15 @@
  * A tenant's upload is untrusted, so the header is read and checked BEFORE
  * the body is allocated: the product of the dims must stay under
  * GS_DATASET_MAX_ELEMS (stepwise, so it cannot overflow), and only then is
- * a buffer of exactly that size allocated. A gzip file (1f 8b) is inflated
- * with zlib in three stages over one stream: the 4-byte magic, the dims,
- * then the body straight into its buffer; a probe afterwards tells trailing
- * bytes from a clean end. So a claimed 100 GB dimension costs 16 bytes of
- * inflation, not 100 GB of memory. Every way a file can be wrong has its own
- * return value (data.h) and a sentence naming the file, the value found and
- * what was expected.
+ * a buffer allocated: for a raw file, of exactly that size once the file's
+ * length agrees. A gzip file (1f 8b) is inflated with zlib in three stages
+ * over one stream: the 4-byte magic, the dims, then the body into a buffer
+ * that grows with what inflates, up to the size the header claims; a probe
+ * afterwards tells trailing bytes from a clean end. So a claimed 100 GB
+ * dimension costs 16 bytes of inflation, and a claimed 4 GiB what the
+ * stream really holds, not a 4 GiB allocation. Every way a file can be
+ * wrong has its own return value (data.h) and a sentence naming the file,
+ * the value found and what was expected.
  *
  * The synthetic set and the data order use splitmix64 with integer-only
  * arithmetic, so they are identical on every machine.
@@ -294,14 +296,27 @@ static int idx_parse(idx_src *s, int kind, uint32_t dims[4], uint32_t *ndims, ui
     goto fail;
   }
 
-  buf = malloc(elems);
-  if (!buf) {
-    rc = -ENOMEM;
-    gs_err_set(e, GS_RESOURCE_EXHAUSTED, s->field, "no memory for the %llu bytes of %s",
-               (unsigned long long)elems, s->name);
-    goto fail;
+  /* Raw: elems is the input's own length. Gzip: the header's claim is not
+   * yet backed by anything, so the buffer grows with what really inflates
+   * (from 1 MiB, doubling, up to elems), and a few bytes claiming 4 GiB
+   * cost what they inflate to, not a 4 GiB allocation. */
+  uint64_t cap = s->gz && elems > (UINT64_C(1) << 20) ? UINT64_C(1) << 20 : elems;
+  got = 0;
+  for (;;) {
+    uint8_t *nb = realloc(buf, cap);
+    if (!nb) {
+      rc = -ENOMEM;
+      gs_err_set(e, GS_RESOURCE_EXHAUSTED, s->field, "no memory for the %llu bytes of %s",
+                 (unsigned long long)elems, s->name);
+      goto fail;
+    }
+    buf = nb;
+    uint64_t more;
+    if ((rc = idx_read(s, buf + got, cap - got, &more, e))) goto fail;
+    got += more;
+    if (got < cap || cap == elems) break; /* the input ended, or all is here */
+    cap = cap > elems / 2 ? elems : cap * 2;
   }
-  if ((rc = idx_read(s, buf, elems, &got, e))) goto fail;
   if (got < elems) {
     rc = GS_DATASET_ETRUNC;
     gs_err_set(e, GS_INVALID_ARGUMENT, s->field,
