@@ -8,6 +8,13 @@
  * systemd and the loop. Without --foreground the daemon detaches and the
  * starting process exits 0 only once the socket answers, so a script can
  * call gpuctl right after it; its log goes to STATE_DIR/gpushared.log.
+ *
+ * Watchdog: when the service manager asks for one (WatchdogSec= in
+ * gpushared.service sets WATCHDOG_USEC, and WATCHDOG_PID names the main
+ * process), a timer on the loop sends WATCHDOG=1 at half that interval, as
+ * sd_notify(3) recommends. The ping comes from the loop itself, so a loop
+ * stuck in a callback stops pinging and systemd restarts the daemon; a
+ * helper thread pinging on its own would hide exactly that hang.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -95,6 +102,42 @@ static int daemonize(const char *state_dir, int *ready_fd) {
   return 0;
 }
 
+/* The watchdog ping; the timer is unref'd so it never keeps the loop (and
+ * so the drain at exit) alive on its own. A failing ping is logged once,
+ * and again only after it has worked in between, not every interval. */
+static void on_watchdog(uv_timer_t *t) {
+  (void)t;
+  static bool failing;
+  int rc = gs_notify("WATCHDOG=1");
+  if (rc < 0 && !failing)
+    gs_warn("watchdog: cannot notify the service manager: %s", strerror(-rc));
+  failing = rc < 0;
+}
+
+/* The interval the service manager asks for (0: none), read once the
+ * process is the one that will serve (after detaching, so WATCHDOG_PID is
+ * checked against the right pid). WATCHDOG_USEC and WATCHDOG_PID are then
+ * removed, before any executor starts, so no child takes the watchdog for
+ * its own. */
+static uint64_t watchdog_take(void) {
+  uint64_t usec = gs_notify_watchdog_usec();
+  unsetenv("WATCHDOG_USEC");
+  unsetenv("WATCHDOG_PID");
+  return usec;
+}
+
+/* Ping at half the interval from the loop, starting once READY=1 is sent
+ * (systemd arms the watchdog when start-up completes). */
+static void watchdog_start(uv_loop_t *loop, uv_timer_t *t, uint64_t usec) {
+  uint64_t ms = usec / 2000;
+  if (ms == 0) ms = 1;
+  uv_timer_init(loop, t);
+  uv_timer_start(t, on_watchdog, ms, ms);
+  uv_unref((uv_handle_t *)t);
+  gs_info("watchdog: WATCHDOG=1 every %" PRIu64 " ms (the service manager allows %" PRIu64
+          " ms)", ms, usec / 1000);
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {
       {"config", required_argument, 0, 'c'},   {"socket", required_argument, 0, 's'},
@@ -158,6 +201,8 @@ int main(int argc, char **argv) {
   }
 
   int rc = 1;
+  uint64_t watchdog_usec = watchdog_take();
+  uv_timer_t watchdog;
   uv_loop_t loop;
   uv_loop_init(&loop);
   d.loop = &loop;
@@ -194,7 +239,9 @@ int main(int argc, char **argv) {
     close(ready_fd);
     ready_fd = -1;
   }
+  if (watchdog_usec) watchdog_start(&loop, &watchdog, watchdog_usec);
   uv_run(&loop, UV_RUN_DEFAULT);
+  if (watchdog_usec) uv_close((uv_handle_t *)&watchdog, NULL);
   gs_server_free(srv);
   gs_info("stopped after %" PRIu64 " requests", d.requests);
   rc = 0;
