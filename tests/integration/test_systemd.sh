@@ -17,7 +17,14 @@
 #
 # The sysusers.d file is applied to an empty temporary root with
 # systemd-sysusers --root, which must create the two groups and the user
-# and say nothing but what it created.
+# and say nothing but what it created; the tmpfiles.d file is then applied
+# to the same root and must make /var/lib/gpushared mode 0700 for that user.
+#
+# `systemd-analyze security --offline=yes` scores the service's sandbox
+# (0 = fully locked down, 10 = none); the score is printed and must stay at
+# or below 3.0 ("OK" and better). A copy with the sandbox's main settings
+# removed must score worse, so an analyzer that ignored the file could not
+# pass.
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -97,6 +104,56 @@ if command -v systemd-sysusers >/dev/null 2>&1; then
   fi
 else
   echo "NOTE: systemd-sysusers is not installed; sysusers.d/gpushare.conf not checked"
+fi
+
+# 4. tmpfiles.d: the state directory, private to the gpushare user.
+if command -v systemd-tmpfiles >/dev/null 2>&1 && [ -f "$tmp/root/etc/passwd" ]; then
+  systemd-tmpfiles --root="$tmp/root" --create "$units/tmpfiles.d/gpushare.conf" \
+    >"$tmp/tmpfiles.out" 2>&1
+  rc=$?
+  uid=$(awk -F: '$1 == "gpushare" { print $3 }' "$tmp/root/etc/passwd")
+  st=$(stat -c '%a %u' "$tmp/root/var/lib/gpushared" 2>/dev/null)
+  if [ "$rc" -eq 0 ] && [ ! -s "$tmp/tmpfiles.out" ] && [ "$st" = "700 $uid" ]; then
+    echo "ok: tmpfiles.d/gpushare.conf makes /var/lib/gpushared 0700, owned by gpushare"
+  else
+    echo "FAIL: systemd-tmpfiles tmpfiles.d/gpushare.conf: exit $rc, directory '$st' (want '700 $uid'), output:"
+    sed 's/^/  | /' "$tmp/tmpfiles.out"
+    fail=1
+  fi
+else
+  echo "NOTE: systemd-tmpfiles (or the sysusers root) missing; tmpfiles.d/gpushare.conf not checked"
+fi
+
+# 5. The sandbox's exposure score.
+# exposure DIR: the overall exposure level of DIR/gpushared.service ("" if none).
+exposure() {
+  (cd "$1" && systemd-analyze security --offline=yes --no-pager ./gpushared.service) \
+    >"$1/security.out" 2>&1
+  sed -n 's/.*Overall exposure level for gpushared.service: \([0-9.]*\).*/\1/p' "$1/security.out"
+}
+if systemd-analyze security --help 2>/dev/null | grep -q -- "--offline"; then
+  score=$(exposure "$tmp/units")
+  mkdir -p "$tmp/weak"
+  grep -vE '^(User|Group|CapabilityBoundingSet|SystemCallFilter|PrivateNetwork|ProtectSystem|ProtectHome)=' \
+    "$tmp/units/gpushared.service" >"$tmp/weak/gpushared.service"
+  cp "$tmp/units/gpushared.socket" "$tmp/weak/"
+  weak=$(exposure "$tmp/weak")
+  if [ -z "$score" ] || [ -z "$weak" ]; then
+    echo "FAIL: systemd-analyze security gave no overall exposure level:"
+    tail -n 5 "$tmp/units/security.out" | sed 's/^/  | /'
+    fail=1
+  elif ! awk -v a="$weak" -v b="$score" 'BEGIN { exit !(a > b) }'; then
+    echo "FAIL: a copy without User=, CapabilityBoundingSet=, SystemCallFilter=, ... scores $weak, not worse than $score: the analyzer did not read the unit"
+    fail=1
+  elif awk -v s="$score" 'BEGIN { exit !(s <= 3.0) }'; then
+    echo "ok: systemd-analyze security gpushared.service: exposure $score (at most 3.0; $weak without the main sandbox settings)"
+  else
+    echo "FAIL: systemd-analyze security gpushared.service: exposure $score, above 3.0:"
+    grep "✗" "$tmp/units/security.out" | sed 's/^/  | /'
+    fail=1
+  fi
+else
+  echo "NOTE: this systemd-analyze has no security --offline; the exposure score was not checked"
 fi
 
 if [ "$fail" -ne 0 ]; then
