@@ -1,0 +1,78 @@
+# cmake/Packaging.cmake: the gpushare Debian package (CPack, DEB generator).
+#
+#   cmake --build build && (cd build && cpack -G DEB)
+#
+# builds build/gpushare_<version>_<arch>.deb with everything `cmake
+# --install` puts under /usr: gpushared, gpuctl, gpushare-executor,
+# gpushare-run, the CUDA plugin where it was built, the systemd units, the
+# sysusers.d and tmpfiles.d entries, the docs and the examples. Included
+# last from the top-level CMakeLists.txt, so every module's install() rules
+# exist by then; the install() rules that belong to no module live here.
+#
+# The package always installs under /usr, whatever CMAKE_INSTALL_PREFIX the
+# build was configured with (the units say ExecStart=/usr/bin/gpushared).
+# Depends: comes from dpkg-shlibdeps (package dpkg-dev) reading the ELF
+# files; libraries no Debian package owns (a CUDA toolkit installed from
+# NVIDIA's own archives, which libgskernels_cuda.so links) are left out of
+# it, since CPack passes --ignore-missing-info: the CUDA runtime is then the
+# administrator's to install, and without it gpushared serves the cpu
+# device and says why (docs/gpu.md).
+#
+# Maintainer scripts (cmake/debian/): postinst creates the groups gpushare
+# and gpushare-admin and the user gpushare with systemd-sysusers (addgroup
+# and adduser where systemd is absent), the state directory with
+# systemd-tmpfiles, and on a first install enables and starts
+# gpushared.socket; prerm stops and disables the units on removal; postrm
+# keeps /var/lib/gpushared, the tenants' data, even on purge.
+
+# Installed files that belong to no module.
+install(FILES ${CMAKE_CURRENT_LIST_DIR}/../systemd/tmpfiles.d/gpushare.conf
+        DESTINATION lib/tmpfiles.d)
+install(FILES ${CMAKE_CURRENT_LIST_DIR}/../README.md DESTINATION share/doc/gpushare)
+file(GLOB GS_PACKAGE_DOCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../docs/*.md)
+install(FILES ${GS_PACKAGE_DOCS} DESTINATION share/doc/gpushare)
+# The example jobs: their text form and, where protoc built them, the
+# binary JobSpecs `gpuctl submit` takes.
+file(GLOB GS_PACKAGE_EXAMPLES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../examples/*.txtpb)
+install(FILES ${GS_PACKAGE_EXAMPLES} ${CMAKE_CURRENT_LIST_DIR}/../examples/README.md
+        DESTINATION share/doc/gpushare/examples)
+if(TARGET gs_examples)
+  foreach(src ${GS_PACKAGE_EXAMPLES})
+    get_filename_component(stem ${src} NAME_WE)
+    install(FILES ${CMAKE_BINARY_DIR}/examples/${stem}.pb
+            DESTINATION share/doc/gpushare/examples)
+  endforeach()
+endif()
+
+set(GS_PACKAGE_MAINTAINER "gpushare maintainers <root@localhost>" CACHE STRING
+    "Maintainer: field of the Debian package (name <address>)")
+
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME gpushare)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_VENDOR gpushare)
+set(CPACK_PACKAGE_CONTACT "${GS_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "multi-tenant GPU sharing daemon")
+set(CPACK_PACKAGE_DESCRIPTION
+    "gpushared owns a machine's GPUs (or its CPU), splits them into quota-limited
+virtual devices and runs tenants' training jobs on them with weighted fair
+shares of device time, checkpointing so jobs survive restarts. gpuctl is
+its command-line client; gpushare-run runs one job without the daemon.")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES OFF)  # keep RelWithDebInfo's symbols for crash reports
+
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # gpushare_0.1.0_amd64.deb
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${GS_PACKAGE_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_SECTION misc)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# postinst creates the groups and user with one or the other.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "systemd | adduser")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+    ${CMAKE_CURRENT_LIST_DIR}/debian/postinst
+    ${CMAKE_CURRENT_LIST_DIR}/debian/prerm
+    ${CMAKE_CURRENT_LIST_DIR}/debian/postrm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)  # scripts 0755, as dpkg wants
+
+include(CPack)
