@@ -822,9 +822,14 @@ static int cmd_dataset_add(cli *x, parsed *p) {
   json j = {.f = stdout};
   if (x->json) json_open(&j, NULL, '[');
   for (int i = 1; i < p->npos; i++) {
-    char dsname[512];
-    if (nfiles == 1) snprintf(dsname, sizeof dsname, "%s", name);
-    else snprintf(dsname, sizeof dsname, "%s.%s", name, base_name(p->pos[i]));
+    /* The name goes to the daemon whole, however long: it says what is wrong
+     * with it (a name cut here would be refused with a length it never had). */
+    char *dsname = nfiles == 1 ? strdup(name) : NULL;
+    if (nfiles != 1 && asprintf(&dsname, "%s.%s", name, base_name(p->pos[i])) < 0) dsname = NULL;
+    if (!dsname) {
+      table_free(&t);
+      return fail("out of memory");
+    }
     gs_err e = {0};
     Gpushare__V1__DatasetInfo *info = NULL;
     char hex[65];
@@ -839,7 +844,9 @@ static int cmd_dataset_add(cli *x, parsed *p) {
       }
       table_free(&t);
       report(urc, &e);
-      fprintf(stderr, "gpuctl: dataset %s (%s) was not added\n", dsname, p->pos[i]);
+      fprintf(stderr, "gpuctl: dataset %.80s%s (%s) was not added\n", dsname,
+              strlen(dsname) > 80 ? "..." : "", p->pos[i]);
+      free(dsname);
       rc = EXIT_FAIL;
       break;
     }
@@ -861,6 +868,7 @@ static int cmd_dataset_add(cli *x, parsed *p) {
       table_cell(&t, "-");
     }
     if (info) gpushare__v1__dataset_info__free_unpacked(info, NULL);
+    free(dsname);
   }
   if (!rc) {
     if (x->json) {

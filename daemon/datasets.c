@@ -12,6 +12,14 @@
  * daemon killed mid-upload (the uploads directory is emptied at start) or a
  * checksum that does not match leaves nothing behind. An upload id is only
  * valid on the connection that started it.
+ *
+ * A dataset is an IDX file (raw or gzip), and commit checks it as the
+ * training runtime will read it (daemon/train/data.c): the magic, the
+ * dimensions (none 0, at most GS_DATASET_MAX_ELEMS bytes in all) and a body
+ * of exactly that length, read as a stream (64 KiB at a time, stopping one
+ * byte past what the header promises), so a wrong file is refused when it is
+ * added, naming what is wrong, not when a job starts, and a claimed 100 GB
+ * dimension costs the 16 bytes of its header.
  */
 #include "datasets.h"
 
@@ -25,7 +33,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include "data.h"
 #include "gs_sha256.h"
 #include "jobs.h"
 #include "log.h"
@@ -133,6 +143,195 @@ static int acting_tenant(call_ctx *c, gs_err *e) {
                     c->peer->uid);
 }
 
+/* ------------------------------------------------------ IDX check --- */
+
+/* An uploaded file read as a stream of IDX bytes: raw, or inflated. */
+typedef struct idx_stream {
+  int fd;
+  bool gz, z_end, eof;   /* gzip input; its last member ended; no more input */
+  z_stream z;
+  uint8_t in[65536];
+  size_t in_len, in_pos; /* raw: the bytes of `in` not yet consumed */
+  uint64_t in_total;     /* compressed bytes read so far */
+} idx_stream;
+
+static int idx_fill(idx_stream *s) {
+  ssize_t n;
+  do n = read(s->fd, s->in, sizeof s->in);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  if (n == 0) s->eof = true;
+  s->in_len = (size_t)n;
+  s->in_pos = 0;
+  s->in_total += (uint64_t)n;
+  if (s->gz) {
+    s->z.next_in = s->in;
+    s->z.avail_in = (uInt)n;
+  }
+  return 0;
+}
+
+/* Up to `want` bytes into dst; *got < want only at the end of the data.
+ * 0, or -1 with e set (a broken or truncated gzip stream). */
+static int idx_next(idx_stream *s, const char *name, uint8_t *dst, size_t want, size_t *got,
+                    gs_err *e) {
+  *got = 0;
+  while (*got < want) {
+    if (!s->gz) {
+      if (s->in_pos == s->in_len) {
+        if (s->eof || idx_fill(s) < 0 || s->eof) return 0;
+      }
+      size_t k = s->in_len - s->in_pos < want - *got ? s->in_len - s->in_pos : want - *got;
+      memcpy(dst + *got, s->in + s->in_pos, k);
+      s->in_pos += k;
+      *got += k;
+      continue;
+    }
+    if (s->z_end) return 0;
+    if (s->z.avail_in == 0 && !s->eof && idx_fill(s) < 0)
+      return gs_err_set(e, GS_INTERNAL, "data", "cannot read the upload of %s back: %s", name,
+                        strerror(errno));
+    if (s->z.avail_in == 0 && s->eof)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+                        "dataset %s is a truncated gzip file: the compressed stream stops after "
+                        "%" PRIu64 " bytes without its end marker (an interrupted download or "
+                        "copy?)",
+                        name, s->in_total);
+    s->z.next_out = dst + *got;
+    s->z.avail_out = (uInt)(want - *got);
+    uInt before = s->z.avail_out;
+    int rc = inflate(&s->z, Z_NO_FLUSH);
+    *got += before - s->z.avail_out;
+    if (rc == Z_STREAM_END) {
+      /* Concatenated members (cat a.gz b.gz) go on, as gzip(1) reads them. */
+      if (s->z.avail_in == 0 && !s->eof && idx_fill(s) < 0) return 0;
+      if (s->z.avail_in >= 2 && s->z.next_in[0] == 0x1f && s->z.next_in[1] == 0x8b) {
+        inflateReset(&s->z);
+        continue;
+      }
+      s->z_end = true;
+      return 0;
+    }
+    if (rc != Z_OK && !(rc == Z_BUF_ERROR && s->z.avail_in == 0))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+                        "dataset %s is not a valid gzip file: zlib says \"%s\" near compressed "
+                        "byte %" PRIu64,
+                        name, s->z.msg ? s->z.msg : zError(rc),
+                        s->in_total - (uint64_t)s->z.avail_in);
+  }
+  return 0;
+}
+
+/* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
+ * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
+static int idx_check(const char *path, const char *name, gs_err *e) {
+  idx_stream *s = calloc(1, sizeof *s);
+  if (!s) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  int rc = -1;
+  s->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (s->fd < 0) {
+    gs_err_set(e, GS_INTERNAL, "", "cannot read the upload of %s back: %s", name, strerror(errno));
+    goto out_free;
+  }
+  if (idx_fill(s) < 0) {
+    gs_err_set(e, GS_INTERNAL, "", "cannot read the upload of %s back: %s", name, strerror(errno));
+    goto out_close;
+  }
+  if (s->in_len >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b) {
+    s->gz = true;
+    s->z.next_in = s->in;
+    s->z.avail_in = (uInt)s->in_len;
+    if (inflateInit2(&s->z, 15 + 16) != Z_OK) {
+      gs_err_set(e, GS_INTERNAL, "", "zlib could not start inflating %s", name);
+      goto out_close;
+    }
+  }
+  uint8_t hdr[20];
+  size_t got;
+  const char *unz = s->gz ? " after decompression" : "";
+  if (idx_next(s, name, hdr, 4, &got, e) < 0) goto out_z;
+  if (got < 4) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s has %zu bytes%s; an IDX file starts with a 4-byte magic and its "
+               "dimensions",
+               name, got, unz);
+    goto out_z;
+  }
+  uint32_t magic = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+  unsigned nd = hdr[3];
+  if (hdr[0] || hdr[1] || hdr[2] != 0x08 || (nd != 1 && nd != 3 && nd != 4)) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s is not an IDX file gpushare reads: its magic number is 0x%08x%s; "
+               "expected 0x00000801 (labels), 0x00000803 or 0x00000804 (images), unsigned bytes",
+               name, magic, unz);
+    goto out_z;
+  }
+  if (idx_next(s, name, hdr + 4, 4 * nd, &got, e) < 0) goto out_z;
+  if (got < 4 * nd) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s is truncated inside its header: %u dimensions need %u bytes after the "
+               "magic, found %zu",
+               name, nd, 4 * nd, got);
+    goto out_z;
+  }
+  uint64_t elems = 1;
+  char shape[64];
+  int o = 0;
+  for (unsigned i = 0; i < nd; i++) {
+    const uint8_t *p = hdr + 4 + 4 * i;
+    uint32_t dim = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+    o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu32, i ? "x" : "", dim);
+    if (dim == 0) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+                 "dataset %s has dimension %u = 0; every dimension must be at least 1", name, i);
+      goto out_z;
+    }
+    if (elems <= GS_DATASET_MAX_ELEMS) elems *= dim; /* <= 2^32 * 2^32: no overflow */
+  }
+  if (elems > GS_DATASET_MAX_ELEMS) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s claims dimensions %s, more than the %" PRIu64 " bytes (4 GiB) gpushare "
+               "reads from one file",
+               name, shape, (uint64_t)GS_DATASET_MAX_ELEMS);
+    goto out_z;
+  }
+  uint64_t body = 0;
+  uint8_t buf[65536];
+  do {
+    uint64_t left = elems + 1 - body; /* one byte past the promise tells trailing bytes */
+    if (idx_next(s, name, buf, left < sizeof buf ? (size_t)left : sizeof buf, &got, e) < 0)
+      goto out_z;
+    body += got;
+  } while (got > 0 && body <= elems);
+  if (body < elems) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s is truncated: its header (%s) promises %" PRIu64 " bytes after it, "
+               "the file%s has %" PRIu64,
+               name, shape, elems, unz, body);
+    goto out_z;
+  }
+  if (body == elems && s->gz && !s->z_end) {
+    /* every promised byte came: the stream must end here, marker and all */
+    if (idx_next(s, name, buf, 1, &got, e) < 0) goto out_z;
+    body += got;
+  }
+  if (body > elems || (s->gz && s->z.avail_in > 0)) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
+               "dataset %s has trailing bytes after the %" PRIu64 " bytes its header (%s) "
+               "promises",
+               name, elems, shape);
+    goto out_z;
+  }
+  rc = 0;
+out_z:
+  if (s->gz) inflateEnd(&s->z);
+out_close:
+  close(s->fd);
+out_free:
+  free(s);
+  return rc;
+}
+
 static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_dataset_row *row,
                          gs_err *e) {
   gs_daemon *d = c->d;
@@ -151,6 +350,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
                       "upload of %s has sha256 %s but the client computed %.64s; the data was "
                       "damaged on the way, nothing was kept",
                       u->name, hex, want_sha);
+  if (idx_check(u->path, u->name, e) < 0) return -1;
   if (fsync(u->fd) < 0)
     return gs_err_set(e, GS_INTERNAL, "", "fsync %s: %s", u->path, strerror(errno));
   close(u->fd);

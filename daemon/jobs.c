@@ -793,11 +793,33 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
                       "train { name } or train { synthetic { examples } }");
   const Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
   const char *names[2] = {"spec.train", "spec.test"};
+  uint64_t train_examples = 0;
   for (int k = 0; k < 2; k++) {
     const Gpushare__V1__Dataset *ds = sets[k];
-    if (!ds || ds->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC ||
-        ds->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET)
+    if (!ds || ds->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) continue;
+    if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC) {
+      const Gpushare__V1__SyntheticDataset *sy = ds->synthetic;
+      char f[64];
+      snprintf(f, sizeof f, "%s.synthetic.examples", names[k]);
+      if (sy->examples < 1)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                          "%s.synthetic.examples is 0; a synthetic set needs at least 1 example",
+                          names[k] + 5);
+      snprintf(f, sizeof f, "%s.synthetic.classes", names[k]);
+      if (sy->classes < 2 || sy->classes > 65536)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                          "%s.synthetic.classes %" PRIu32 " is out of range: from 2 to 65536",
+                          names[k] + 5, sy->classes);
+      uint32_t classes = sy->classes;
+      if (k == 1 && classes < m->classes) classes = m->classes; /* as for IDX below */
+      if (gs_model_check_dataset(m, names[k] + 5, m->input.h, m->input.w, m->input.c, classes,
+                                 e) < 0) {
+        gs_err_prefix(e, "spec");
+        return -1;
+      }
+      if (k == 0) train_examples = sy->examples;
       continue;
+    }
     char ip[4200], lp[4200];
     if (resolve_dataset(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return -1;
     uint64_t ni = 0, nl = 0;
@@ -815,7 +837,17 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
       gs_err_prefix(e, "spec");
       return -1;
     }
+    if (k == 0) train_examples = ni;
   }
+  /* One step is one whole effective batch; the last partial one is dropped. */
+  uint64_t eff = (uint64_t)m->recipe.batch_size * m->recipe.accumulation_steps;
+  if (train_examples < eff)
+    return gs_err_set(e, GS_INVALID_ARGUMENT,
+                      m->recipe.accumulation_steps > 1 ? "spec.accumulation_steps" : "spec.batch_size",
+                      "the effective batch (batch_size %" PRIu32 " x accumulation_steps %" PRIu32
+                      " = %" PRIu64 ") is larger than the %" PRIu64 " training examples: a "
+                      "step needs one whole effective batch",
+                      m->recipe.batch_size, m->recipe.accumulation_steps, eff, train_examples);
   return 0;
 }
 
@@ -937,6 +969,13 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (spec->name && strlen(spec->name) > 200)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.name",
                       "job name of %zu bytes; at most 200 are allowed", strlen(spec->name));
+  /* Free text, but shown on terminals by gpuctl list: no control characters. */
+  for (const unsigned char *p = (const unsigned char *)(spec->name ? spec->name : ""); *p; p++)
+    if (*p < 0x20 || *p == 0x7f)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.name",
+                        "job name has control character 0x%02x at byte %zu; a name is printable "
+                        "text",
+                        *p, (size_t)(p - (const unsigned char *)spec->name) + 1);
   gs_model model;
   if (gs_model_build(spec, &model, e) < 0) {
     gs_err_prefix(e, "spec");
@@ -1109,6 +1148,18 @@ int gs_rpc_list_jobs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
 int gs_rpc_watch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return -1;
+  /* Its events carry the request id: two watches under one id on one
+   * connection could not be told apart. */
+  for (uint64_t i = 0; i < c->d->jobs->cap; i++) {
+    const gs_job *o = c->d->jobs->by_id[i];
+    for (const watcher *x = o ? o->watchers : NULL; x; x = x->next)
+      if (x->conn == c->conn && x->req_id == c->req_id)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, "",
+                          "request id %" PRIu64 " is already the id of this connection's watch "
+                          "of job %" PRIu64 ", which has not ended; give each call in flight its "
+                          "own id",
+                          c->req_id, o->rec->id);
+  }
   Gpushare__V1__JobEvent ev;
   char msg[1200];
   /* The same words a live watcher got when the job ended. */

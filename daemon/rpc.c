@@ -181,11 +181,7 @@ static int h_list_tenants(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
   Gpushare__V1__ListTenantsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListTenantsResponse,
                                                 GPUSHARE__V1__LIST_TENANTS_RESPONSE__INIT);
   if (m) m->tenant = ar_alloc(&c->ar, n * sizeof *m->tenant + 1);
-  for (size_t i = 0; m && m->tenant && i < n; i++) {
-    /* A tenant sees itself only; an admin sees all. */
-    if (!c->id.admin && strcmp(list[i].name, c->id.tenant) != 0) continue;
-    m->tenant[m->n_tenant++] = tenant_msg(&c->ar, &list[i]);
-  }
+  for (size_t i = 0; m && m->tenant && i < n; i++) m->tenant[m->n_tenant++] = tenant_msg(&c->ar, &list[i]);
   gs_tenant_list_free(list, n);
   if (!m || c->ar.failed) return oom(c, e);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_TENANTS;
@@ -335,9 +331,12 @@ static const struct call {
   gs_need need;
   gs_rpc_handler fn;
 } calls[] = {
-    [GPUSHARE__V1__REQUEST__CALL_LIST_DEVICES] = {"list_devices", GS_NEED_TENANT, h_list_devices},
+    /* docs/protocol.md, Authentication: anyone connected may list devices;
+     * tenants and their quotas are the admins' (a member reads its own with
+     * get_quota). */
+    [GPUSHARE__V1__REQUEST__CALL_LIST_DEVICES] = {"list_devices", GS_NEED_ANY, h_list_devices},
     [GPUSHARE__V1__REQUEST__CALL_CREATE_TENANT] = {"create_tenant", GS_NEED_ADMIN, h_create_tenant},
-    [GPUSHARE__V1__REQUEST__CALL_LIST_TENANTS] = {"list_tenants", GS_NEED_TENANT, h_list_tenants},
+    [GPUSHARE__V1__REQUEST__CALL_LIST_TENANTS] = {"list_tenants", GS_NEED_ADMIN, h_list_tenants},
     [GPUSHARE__V1__REQUEST__CALL_DELETE_TENANT] = {"delete_tenant", GS_NEED_ADMIN, h_delete_tenant},
     [GPUSHARE__V1__REQUEST__CALL_SET_QUOTA] = {"set_quota", GS_NEED_ADMIN, h_set_quota},
     [GPUSHARE__V1__REQUEST__CALL_GET_QUOTA] = {"get_quota", GS_NEED_TENANT, h_get_quota},
@@ -365,6 +364,27 @@ static const struct call {
  * present-but-NULL one cannot come out of protobuf-c, but check anyway. */
 static bool call_present(const Gpushare__V1__Request *rq) { return rq->list_devices != NULL; }
 
+/* Why a Request has no call we know, in words: nothing set, the field
+ * numbers it does carry, or the shape of a Response sent the wrong way. */
+static void unknown_call_why(const Gpushare__V1__Request *rq, char *buf, size_t len) {
+  size_t n = rq->base.n_unknown_fields;
+  if (n == 0) {
+    snprintf(buf, len, "the call field is empty");
+    return;
+  }
+  bool response = false;
+  size_t o = (size_t)snprintf(buf, len, "field%s ", n == 1 ? "" : "s");
+  for (size_t i = 0; i < n && o < len; i++) {
+    uint32_t t = rq->base.unknown_fields[i].tag;
+    response |= t >= 2 && t <= 5; /* Response.code, message, field, plan */
+    o += (size_t)snprintf(buf + o, len - o, "%s%" PRIu32, i ? ", " : "", t);
+  }
+  if (o < len)
+    snprintf(buf + o, len - o, "%s",
+             response ? ": a gpushare.v1.Response's code/message, not a Request"
+                      : " from a newer protocol");
+}
+
 static int pack(Gpushare__V1__Response *resp, uint8_t **frame, size_t *len) {
   return gs_wire_frame(&resp->base, frame, len);
 }
@@ -388,12 +408,12 @@ int gs_rpc_handle(gs_daemon *d, gs_conn *conn, const gs_peer *peer, const uint8_
     c.req_id = rq->id;
     size_t k = (size_t)rq->call_case;
     if (k == 0 || k >= N_CALLS || !calls[k].fn) {
+      char why[160];
+      unknown_call_why(rq, why, sizeof why);
       gs_err_set(&e, GS_INVALID_ARGUMENT, "call",
                  "request %" PRIu64 " carries no call this gpushared knows (%s); see "
                  "proto/gpushare.proto for the calls of gpushare.v1",
-                 rq->id,
-                 rq->base.n_unknown_fields ? "it has fields from a newer protocol"
-                                           : "the call field is empty");
+                 rq->id, why);
     } else if (!call_present(rq)) {
       gs_err_set(&e, GS_INVALID_ARGUMENT, "call", "request %" PRIu64 " has an empty call", rq->id);
     } else {
