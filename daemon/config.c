@@ -44,6 +44,7 @@ enum gs_config__kind {
   GS_CONFIG__MODE,  /* octal permission bits, 0000..0777 */
   GS_CONFIG__UINT,  /* decimal, min..max */
   GS_CONFIG__SIZE,  /* byte size through gs_size_parse, min..max */
+  GS_CONFIG__BOOL,  /* yes|no|true|false|on|off|1|0 into an unsigned 0/1 */
 };
 
 struct gs_config__key {
@@ -67,6 +68,7 @@ static const struct gs_config__key gs_config__keys[] = {
     GS_K(cpu_memory, GS_CONFIG__SIZE, 0, UINT64_MAX, 0),
     GS_K(gpu_reserve, GS_CONFIG__SIZE, 0, UINT64_MAX, 0),
     GS_K(cpu_threads, GS_CONFIG__UINT, 0, 65536, 0),
+    GS_K(memory_oversubscribe, GS_CONFIG__BOOL, 0, 1, 0),
     GS_K(max_connections, GS_CONFIG__UINT, 1, 1000000, 1),
     GS_K(max_inflight, GS_CONFIG__UINT, 1, 65536, 1),
     GS_K(idle_timeout_s, GS_CONFIG__UINT, 0, 31536000, 1),
@@ -92,6 +94,7 @@ void gs_config_defaults(gs_config *c) {
   c->cpu_memory = 0;
   c->gpu_reserve = GS_CONFIG_GIB;
   c->cpu_threads = 0;
+  c->memory_oversubscribe = 0;
   c->max_connections = 256;
   c->max_inflight = 64;
   c->idle_timeout_s = 600;
@@ -197,6 +200,20 @@ static int gs_config__set(gs_config *c, const struct gs_config__key *k, const ch
                         v, k->name, k->min, k->max);
     *(unsigned *)(void *)field = (unsigned)u;
     return 0;
+  }
+  case GS_CONFIG__BOOL: {
+    static const char *const yes[] = {"yes", "true", "on", "1"}, *const no[] = {"no", "false",
+                                                                               "off", "0"};
+    for (int i = 0; i < 4; i++) {
+      if (!strcmp(v, yes[i]) || !strcmp(v, no[i])) {
+        *(unsigned *)(void *)field = !strcmp(v, yes[i]);
+        return 0;
+      }
+    }
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "",
+                      "value \"%s\" is not a boolean; %s takes yes or no (also true/false, "
+                      "on/off, 1/0)",
+                      v, k->name);
   }
   case GS_CONFIG__SIZE: {
     uint64_t b = 0;
@@ -325,6 +342,9 @@ static void gs_config__value(const gs_config *c, const struct gs_config__key *k,
     break;
   case GS_CONFIG__UINT:
     snprintf(buf, cap, "%u", *(const unsigned *)(const void *)field);
+    break;
+  case GS_CONFIG__BOOL:
+    snprintf(buf, cap, "%s", *(const unsigned *)(const void *)field ? "yes" : "no");
     break;
   case GS_CONFIG__SIZE: {
     uint64_t b;

@@ -33,6 +33,9 @@ typedef struct gs_config {
   uint64_t cpu_memory;       /* usable bytes of the cpu device; 0 = default: half of RAM */
   uint64_t gpu_reserve;      /* bytes held back per GPU for contexts/cuBLAS; default 1 GiB */
   unsigned cpu_threads;      /* threads the cpu device may use in all; 0 = all cores */
+  unsigned memory_oversubscribe; /* yes: GROWTH vdevs' limits may add up past a device's
+                                    usable memory (a job then fails with an OOM report of
+                                    cause PHYSICAL when the device runs out); default no */
   unsigned max_connections;  /* default 256 */
   unsigned max_inflight;     /* per connection; default 64 */
   unsigned idle_timeout_s;   /* default 600; 0 = never */

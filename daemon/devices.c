@@ -42,6 +42,7 @@ int gs_devices_discover(const gs_config *c, gs_devices *out, gs_err *e) {
                       cpu->usable, cpu->total);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   cpu->threads = c->cpu_threads ? c->cpu_threads : (unsigned)(cores > 0 ? cores : 1);
+  cpu->oversubscribed = c->memory_oversubscribe != 0;
   return 0;
 }
 

@@ -45,6 +45,7 @@
  * executor asks the kernel for SIGKILL when its parent dies, so a control
  * plane killed with -9 does not leave it running.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -143,7 +144,39 @@ static struct {
   job *jobs;
   int wake[2];                   /* self-pipe into the main loop */
   bool stopping;                 /* Shutdown or EOF seen: no new jobs */
-} X = {.fd = -1, .wake = {-1, -1}};
+  /* The device budget (--device-memory): the device backend wrapped so that
+   * the regions of all vdevs together stay within the bytes the control
+   * plane calls usable. Vdev limits are checked at admission; with
+   * memory_oversubscribe, GROWTH vdevs may add up to more, and a region
+   * past the budget is refused here as a full GPU refuses cudaMalloc: the
+   * job that asked fails with an OOM report of cause PHYSICAL. */
+  struct {
+    gs_backend b;                /* first: X.b points here when capped */
+    gs_backend *inner;
+    uint64_t cap, used;          /* used guarded by lock */
+    pthread_mutex_t lock;
+  } budget;
+} X = {.fd = -1, .wake = {-1, -1}, .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+static int budget_reserve(gs_backend *b, int dev, size_t bytes, void **region) {
+  (void)b;
+  pthread_mutex_lock(&X.budget.lock);
+  int rc = -ENOMEM;
+  if (bytes <= X.budget.cap - X.budget.used) {
+    rc = X.budget.inner->region_reserve(X.budget.inner, dev, bytes, region);
+    if (rc == 0) X.budget.used += bytes;
+  }
+  pthread_mutex_unlock(&X.budget.lock);
+  return rc;
+}
+
+static void budget_release(gs_backend *b, int dev, void *region, size_t bytes) {
+  (void)b;
+  X.budget.inner->region_release(X.budget.inner, dev, region, bytes);
+  pthread_mutex_lock(&X.budget.lock);
+  X.budget.used -= bytes <= X.budget.used ? bytes : X.budget.used;
+  pthread_mutex_unlock(&X.budget.lock);
+}
 
 static volatile sig_atomic_t g_signal; /* SIGTERM/SIGINT seen */
 
@@ -632,14 +665,29 @@ static void oom_report(const Gpushare__V1__JobSpec *spec, const gs_train_failure
   const char *role = gs_role_name(f->role);
   const char *dt = gs_dtype_name(f->dtype);
   switch (f->why.cause) {
-  case GS_OOM_PHYSICAL:
+  case GS_OOM_PHYSICAL: {
     budget = st->reserved;
+    char rest[256] = "the rest of the device is held by other vdevs or programs";
+    if (X.budget.cap) { /* the device budget says who holds what */
+      pthread_mutex_lock(&X.budget.lock);
+      uint64_t used = X.budget.used, cap = X.budget.cap;
+      pthread_mutex_unlock(&X.budget.lock);
+      uint64_t others = used > st->reserved ? used - st->reserved : 0;
+      char u[32], o[32];
+      gs_size_format(cap, u, sizeof u);
+      gs_size_format(others, o, sizeof o);
+      snprintf(rest, sizeof rest,
+               "the device's %s usable are oversubscribed (memory_oversubscribe): the other "
+               "vdevs' jobs hold %s of it; this job fits once they have ended",
+               u, o);
+    }
     snprintf(explanation, len,
              "the %s device has no memory left for vdev %s: it holds %s of its %s limit "
-             "(%s in use) and could not reserve more for %s's %s %s %s %s (%s); "
-             "the rest of the device is held by other vdevs or programs",
-             X.device, v->name, res, lim, use, f->layer, role, f->tensor, f->shape, dt, need);
+             "(%s in use) and could not reserve more for %s's %s %s %s %s (%s); %s",
+             X.device, v->name, res, lim, use, f->layer, role, f->tensor, f->shape, dt, need,
+             rest);
     break;
+  }
   case GS_OOM_FRAGMENTATION:
     budget = st->largest_free;
     snprintf(explanation, len,
@@ -1112,6 +1160,7 @@ static int main_loop(void) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: gpushare-executor --device NAME --fd N --state-dir DIR [--threads N]\n"
+          "                         [--device-memory BYTES]\n"
           "Run the training jobs of one device for gpushared, which starts it and speaks\n"
           "gpushare.exec.v1 (proto/executor.proto) over the socket on descriptor N.\n"
           "\n"
@@ -1121,6 +1170,9 @@ static void usage(FILE *f) {
           "                    that name none go there)\n"
           "  --threads N       the device's thread budget: each step uses it whole\n"
           "                    (default: all online cores)\n"
+          "  --device-memory BYTES  the device's usable memory: the regions of all\n"
+          "                    vdevs together never pass it (default: no budget\n"
+          "                    beyond what the device itself has)\n"
           "  -h, --help        this text\n"
           "Exit status: 0 after Shutdown or end of file, 1 on a start-up failure, 2 usage.\n");
 }
@@ -1149,6 +1201,7 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
 int main(int argc, char **argv) {
   const char *device = NULL, *state_dir = NULL;
   long fd = -1, threads = 0;
+  uint64_t device_memory = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1167,7 +1220,7 @@ int main(int argc, char **argv) {
       if (val) i++;
     }
     if (strcmp(flag, "--device") && strcmp(flag, "--fd") && strcmp(flag, "--state-dir") &&
-        strcmp(flag, "--threads"))
+        strcmp(flag, "--threads") && strcmp(flag, "--device-memory"))
       return usage_error("unknown option %s", a);
     if (!val) return usage_error("%s needs a value", flag);
     if (!strcmp(flag, "--device")) {
@@ -1177,6 +1230,13 @@ int main(int argc, char **argv) {
         return usage_error("--fd: \"%s\" is not a file descriptor number", val);
     } else if (!strcmp(flag, "--state-dir")) {
       state_dir = val;
+    } else if (!strcmp(flag, "--device-memory")) {
+      char *end;
+      errno = 0;
+      unsigned long long v = strtoull(val, &end, 10);
+      if (!isdigit((unsigned char)val[0]) || errno || *end || v == 0)
+        return usage_error("--device-memory: \"%s\" is not a positive number of bytes", val);
+      device_memory = v;
     } else if (parse_int(val, 1, 1024, &threads)) {
       return usage_error("--threads: \"%s\" is not an integer from 1 to 1024", val);
     }
@@ -1236,6 +1296,14 @@ int main(int argc, char **argv) {
 #endif
   } else {
     return usage_error("--device: \"%s\" is not a device: cpu, or gpuN", device);
+  }
+  if (device_memory) {
+    X.budget.inner = X.b;
+    X.budget.b = *X.b;
+    X.budget.b.region_reserve = budget_reserve;
+    X.budget.b.region_release = budget_release;
+    X.budget.cap = device_memory;
+    X.b = &X.budget.b;
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   X.threads = threads > 0 ? (int)threads : (ncpu > 0 ? (int)ncpu : 1);

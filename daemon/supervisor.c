@@ -2,6 +2,7 @@
 #include "supervisor.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,11 +153,16 @@ static void spawn(gs_executor *x) {
     uv_timer_start(&x->backoff, on_backoff, x->delay_ms, 0);
     return;
   }
-  char path[PATH_MAX + 32], threads[16];
+  char path[PATH_MAX + 32], threads[16], memory[32];
   const char *exe = executor_path(path, sizeof path);
   snprintf(threads, sizeof threads, "%u", dev->threads);
-  char *args[] = {(char *)exe,          "--device", (char *)dev->name, "--fd", "3",
-                  "--state-dir",        d->cfg.state_dir, "--threads", threads, NULL};
+  snprintf(memory, sizeof memory, "%" PRIu64, dev->usable);
+  /* --device-memory: the executor keeps the regions of all vdevs within the
+   * device's usable bytes, so an oversubscribed device runs out as a job's
+   * OOM (cause PHYSICAL), never the machine's. */
+  char *args[] = {(char *)exe,   "--device",  (char *)dev->name, "--fd", "3",
+                  "--state-dir", d->cfg.state_dir, "--threads", threads,
+                  "--device-memory", memory, NULL};
   uv_stdio_container_t stdio[4] = {
       {.flags = UV_INHERIT_FD, .data.fd = 0},
       {.flags = UV_INHERIT_FD, .data.fd = 1},

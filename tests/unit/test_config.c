@@ -109,6 +109,7 @@ Test(config, full_file) {
              "gpu_reserve = 512MiB\n"
              "   # an indented comment\n"
              "cpu_threads = 12\n"
+             "memory_oversubscribe = yes\n"
              "max_connections = 1024\n"
              "max_inflight = 8\n"
              "idle_timeout_s = 0\n"
@@ -128,6 +129,7 @@ Test(config, full_file) {
   cr_assert_eq(c.cpu_memory, 8ull << 30);
   cr_assert_eq(c.gpu_reserve, 512ull << 20);
   cr_assert_eq(c.cpu_threads, 12);
+  cr_assert_eq(c.memory_oversubscribe, 1);
   cr_assert_eq(c.max_connections, 1024);
   cr_assert_eq(c.max_inflight, 8);
   cr_assert_eq(c.idle_timeout_s, 0);
@@ -181,6 +183,27 @@ Test(config, bad_number) {
   expect_refusal("max_inflight = -3\n", 1, "max_inflight", "-3", NULL);
   expect_refusal("idle_timeout_s = 99999999999999999999999\n", 1, "idle_timeout_s",
                  "99999999999999999999999", NULL);
+}
+
+Test(config, booleans) {
+  const char *yes[] = {"yes", "true", "on", "1"}, *no[] = {"no", "false", "off", "0"};
+  for (int i = 0; i < 4; i++) {
+    char text[64];
+    gs_config c;
+    gs_config_defaults(&c);
+    cr_assert_eq(c.memory_oversubscribe, 0, "memory_oversubscribe defaults to no");
+    snprintf(text, sizeof text, "memory_oversubscribe = %s\n", yes[i]);
+    write_file(text);
+    cr_assert_eq(gs_config_load(cfgpath, &c, NULL), 0, "%s", text);
+    cr_expect_eq(c.memory_oversubscribe, 1, "%s", text);
+    snprintf(text, sizeof text, "memory_oversubscribe = %s\n", no[i]);
+    write_file(text);
+    cr_assert_eq(gs_config_load(cfgpath, &c, NULL), 0, "%s", text);
+    cr_expect_eq(c.memory_oversubscribe, 0, "%s", text);
+  }
+  expect_refusal("memory_oversubscribe = maybe\n", 1, "memory_oversubscribe", "\"maybe\"",
+                 "yes or no");
+  expect_refusal("memory_oversubscribe = YES\n", 1, "memory_oversubscribe", "\"YES\"", NULL);
 }
 
 Test(config, missing_equals) {

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# A run-time out-of-memory through the daemon: the cpu device is
+# oversubscribed (memory_oversubscribe = yes: two GROWTH vdevs of 100 MiB on
+# a device with 120 MiB usable), tenant b's job holds about 60 MiB, and
+# tenant a's job, admitted against its own vdev, finds the device full when
+# it reserves its memory. a's job must fail with an OOM report of cause
+# PHYSICAL, shown by `gpuctl status`, while b's job runs on and succeeds; the
+# executor's device budget (--device-memory) never lets the two vdevs'
+# regions pass the device's usable bytes.
+set -u
+. "$(dirname "$0")/lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
+command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+sed -i 's/^cpu_memory = .*/cpu_memory = 120MiB/' "$CONF"
+echo "memory_oversubscribe = yes" >>"$CONF"
+
+# job NAME VDEV STEPS: a 784-4096-10 MLP, about 60 MiB planned with Adam
+job() {
+  cat >"$T/$1.txtpb" <<JOB
+name: "$1" vdev: "$2"
+model { input { height: 28 width: 28 channels: 1 }
+  layer { flatten {} } layer { dense { units: 4096 activation: RELU } } layer { dense { units: 10 } } }
+train { synthetic { examples: 2048 seed: 7 classes: 10 } }
+batch_size: 64 epochs: 1000 max_steps: $3 seed: 1
+optimizer { adam { learning_rate: 0.001 } }
+JOB
+  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
+  chmod 644 "$T/$1.pb"; }
+wait_state() {  # wait_state ID STATE [SECONDS]
+  local s; for _ in $(seq $((${3:-60} * 10))); do
+    s=$(ctl --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)
+    [ "$s" = "$2" ] && return 0; sleep 0.1; done
+  echo "job $1 is $s, not $2"; return 1; }
+A() { ctl_as 4001 65534 "$@"; }
+B() { ctl_as 4002 65534 "$@"; }
+
+start_daemon
+expect_ok "devices" ctl --json devices
+echo "$LAST_OUT" | json_field "['device'][0]['oversubscribed']" | grep -qx True \
+  && pass "the cpu device says it is oversubscribed" || fail "cpu device not oversubscribed: $LAST_OUT"
+expect_ok "tenant a" ctl tenant create a --uid 4001
+expect_ok "tenant b" ctl tenant create b --uid 4002
+expect_ok "vdev b0 (100 MiB, growth)" ctl vdev create b0 --memory 100MiB --compute 50 --policy growth --tenant b
+expect_ok "vdev a0 (100 MiB, growth) past the device's 120 MiB: oversubscribed" \
+  ctl vdev create a0 --memory 100MiB --compute 50 --policy growth --tenant a
+expect_fail "a PREALLOCATE vdev is never oversubscribed" 1 RESOURCE_EXHAUSTED \
+  ctl vdev create c0 --memory 100MiB --compute 10 --policy preallocate --tenant a
+
+job long b0 60; job victim a0 5
+expect_ok "the plan fits a0's quota" A plan "$T/victim.pb" --vdev a0
+expect_ok "b's job" B submit "$T/long.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
+wait_state "$jb" RUNNING && pass "b's job running" || fail "b's job not running"
+for _ in $(seq 100); do  # until b's job holds its memory
+  m=$(ctl --json status "$jb" | json_field "['job'].get('step',0)"); [ "$m" -ge 1 ] && break; sleep 0.1; done
+expect_ok "a's job is admitted against its own vdev" A submit "$T/victim.pb"
+ja=$(A --json list | json_field "['job'][-1]['id']")
+wait_state "$ja" FAILED 60 && pass "a's job failed" || fail "a's job did not fail"
+expect_ok "status of a's job" A status "$ja"
+echo "$LAST_OUT" | sed -n '1,40p'
+echo "$LAST_OUT" | grep -q "PHYSICAL" && pass "the OOM report says the device (PHYSICAL) ran out" || fail "no PHYSICAL cause: $LAST_OUT"
+A --json status "$ja" | json_field "['job']['oom']['bytes']" | grep -qE '^[1-9][0-9]*$' \
+  && pass "the report names the bytes asked for" || fail "no bytes in the report"
+echo "$LAST_OUT" | grep -q "other vdevs' jobs hold" && pass "and who holds the device" || fail "the report does not say who holds the device"
+[ "$(ctl --json status "$jb" | json_field "['job']['state']")" = RUNNING ] \
+  && pass "b's job is still running" || fail "b's job stopped with a's OOM"
+wait_state "$jb" SUCCEEDED 120 && pass "b's job succeeded beside a's OOM" || fail "b's job did not succeed"
+peak=$(ctl --json status "$jb" | json_field "['job']['epoch'][-1]['peak_memory_bytes']")
+$PY -c "import sys; sys.exit(0 if 0 < $peak <= 100*2**20 else 1)" \
+  && pass "b's peak $peak stayed within its 100 MiB" || fail "b's peak $peak"
+stop_daemon
+finish
