@@ -215,12 +215,15 @@ int main(int argc, char **argv) {
     goto out;
   }
   gs_daemon_resolve_admin(&d);
-  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_init(&d, &e) < 0) {
+  /* Listen first: taking a socket-activated descriptor clears LISTEN_FDS,
+   * so the executors gs_jobs_init starts inherit neither it nor the
+   * variables (nothing is served before uv_run). */
+  gs_server *srv;
+  if (gs_server_listen(&d, &srv, &e) < 0) {
     gs_error("%s", e.msg);
     goto out;
   }
-  gs_server *srv;
-  if (gs_server_listen(&d, &srv, &e) < 0) {
+  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_init(&d, &e) < 0) {
     gs_error("%s", e.msg);
     goto out;
   }

@@ -142,7 +142,9 @@ else
       && pass "executor $x does not hold the listening socket" \
       || fail "executor $x holds the listening socket as fd 3"
     if echo "$env_x" | grep -qE '^LISTEN_(PID|FDS|FDNAMES)='; then
-      echo "note - executor $x inherits $(echo "$env_x" | grep -E '^LISTEN_' | tr '\n' ' ')(main.c starts the executors before gs_server_listen takes the socket)"
+      fail "executor $x inherits $(echo "$env_x" | grep -E '^LISTEN_' | tr '\n' ' ')"
+    else
+      pass "executor $x inherits no LISTEN_* variables (the socket is taken before executors start)"
     fi
   done
 fi
