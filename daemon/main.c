@@ -21,6 +21,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,12 @@ int main(int argc, char **argv) {
       {0, 0, 0, 0}};
   const char *config = NULL, *socket_path = NULL, *state_dir = NULL;
   bool foreground = false;
+  /* A client that hangs up (a watcher stopping with ^C) must cost its
+   * connection an EPIPE, never the daemon its life. */
+  struct sigaction ign;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ign, NULL);
   int o;
   opterr = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {

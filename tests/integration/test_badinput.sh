@@ -15,7 +15,6 @@ command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
 # change: they are reported as "xfail" (and as a failure if they start to
 # pass, so the list stays true). NAME -> why.
 declare -A XFAIL=(
-  ["a watcher that hangs up mid-stream"]="gpushared dies of SIGPIPE (exit 141) writing the next event to the closed connection: daemon/main.c must ignore SIGPIPE, as daemon/executor.c does"
 )
 
 FILES=$T/files; mkdir -p "$FILES"; chmod 755 "$FILES"
