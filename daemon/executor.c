@@ -150,13 +150,80 @@ static struct {
    * memory_oversubscribe, GROWTH vdevs may add up to more, and a region
    * past the budget is refused here as a full GPU refuses cudaMalloc: the
    * job that asked fails with an OOM report of cause PHYSICAL. */
+  int crash_fd;                  /* STATE/executor-DEVICE.crash (see on_fatal) */
+  struct {                       /* GPUSHARE_EXECUTOR_FAILPOINT (see failpoint_parse) */
+    char job[128];               /* the job name it applies to; "" = none */
+    uint64_t calls;              /* crash in the job's dense_forward call number N */
+  } fp;
+  gs_backend table;              /* X.b's ops with the failpoint's wrapper */
+  gs_backend *inner_b;           /* what the wrapper calls */
   struct {
     gs_backend b;                /* first: X.b points here when capped */
     gs_backend *inner;
     uint64_t cap, used;          /* used guarded by lock */
     pthread_mutex_t lock;
   } budget;
-} X = {.fd = -1, .wake = {-1, -1}, .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+} X = {.fd = -1, .wake = {-1, -1}, .crash_fd = -1,
+       .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+/* The job whose thread this is (0 on the main thread), for on_fatal, and
+ * that thread's dense_forward calls, for the failpoint. */
+static __thread uint64_t tl_job_id;
+static __thread const char *tl_job_name;
+static __thread uint64_t tl_dense_calls;
+
+/* A fatal signal (a kernel that faults, an abort) ends the executor, but
+ * first says which job's thread it hit: the job id goes into
+ * STATE/executor-DEVICE.crash with write(2) only, async-signal-safe, and the
+ * control plane reads it when it sees the executor die (jobs.c on_died), so
+ * the job that crashed the device is the one charged with it and the
+ * others resume from their checkpoints uncharged. Then the default action
+ * runs (the core dump, the exit status the supervisor logs). */
+static void on_fatal(int sig) {
+  uint64_t id = tl_job_id;
+  if (X.crash_fd >= 0 && id) {
+    char buf[24];
+    int n = 0;
+    char rev[24];
+    do {
+      rev[n++] = (char)('0' + id % 10);
+      id /= 10;
+    } while (id && n < 20);
+    for (int i = 0; i < n; i++) buf[i] = rev[n - 1 - i];
+    buf[n++] = '\n';
+    ssize_t w = pwrite(X.crash_fd, buf, (size_t)n, 0);
+    (void)w;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* GPUSHARE_EXECUTOR_FAILPOINT=kernel-crash:JOB:N makes the N-th
+ * dense_forward call of every job named JOB raise SIGSEGV inside the op, as
+ * a faulting kernel would: the fault tests (tests/integration/
+ * test_executor_crash.sh) use it to prove that a crash in compute never
+ * takes the control plane down. Unset, nothing is wrapped. */
+static int failpoint_parse(const char *v) {
+  const char *p = v ? strchr(v, ':') : NULL;
+  const char *q = p ? strrchr(v, ':') : NULL;
+  if (!v || strncmp(v, "kernel-crash:", 13) || p == q || (size_t)(q - p - 1) >= sizeof X.fp.job)
+    return -1;
+  snprintf(X.fp.job, sizeof X.fp.job, "%.*s", (int)(q - p - 1), p + 1);
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(q + 1, &end, 10);
+  if (errno || *end || n == 0 || !X.fp.job[0]) return -1;
+  X.fp.calls = n;
+  return 0;
+}
+
+static int failpoint_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                                   const void *w, const void *b, uint32_t n, uint32_t c,
+                                   uint32_t oc, void *ws) {
+  if (tl_job_name && !strcmp(tl_job_name, X.fp.job) && ++tl_dense_calls == X.fp.calls)
+    raise(SIGSEGV);
+  return X.inner_b->dense_forward(ex, dt, out, in, w, b, n, c, oc, ws);
+}
 
 static int budget_reserve(gs_backend *b, int dev, size_t bytes, void **region) {
   (void)b;
@@ -736,6 +803,8 @@ static bool file_exists(const char *p) {
 static void *job_main(void *arg) {
   job *j = arg;
   const Gpushare__Exec__V1__StartJob *s = j->start;
+  tl_job_id = j->id;
+  tl_job_name = s->spec && s->spec->name ? s->spec->name : "";
   vdev *v = j->v;
   gs_err e;
   gs_err_clear(&e);
@@ -803,6 +872,12 @@ static void *job_main(void *arg) {
       have_oom = true;
     }
     goto report;
+  }
+  if (opt.resume_path) {
+    gs_train_result r0;
+    gs_train_result_get(t, &r0);
+    logf_("job %" PRIu64 ": resumed from step %" PRIu64 " (checkpoint %s)", j->id, r0.steps,
+          opt.resume_path);
   }
   gs_fairshare_join(X.fs, v->slot);
   send_stats(); /* a job started: its memory is in use now */
@@ -1305,6 +1380,18 @@ int main(int argc, char **argv) {
     X.budget.cap = device_memory;
     X.b = &X.budget.b;
   }
+  const char *fp = getenv("GPUSHARE_EXECUTOR_FAILPOINT");
+  if (fp && *fp) {
+    if (failpoint_parse(fp))
+      return usage_error("GPUSHARE_EXECUTOR_FAILPOINT=\"%s\": expected kernel-crash:JOB:N "
+                         "(N >= 1)",
+                         fp);
+    X.inner_b = X.b;
+    X.table = *X.b;
+    X.table.dense_forward = failpoint_dense_forward;
+    X.b = &X.table;
+    logf_("failpoint: job %s crashes in its dense_forward call %" PRIu64, X.fp.job, X.fp.calls);
+  }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   X.threads = threads > 0 ? (int)threads : (ncpu > 0 ? (int)ncpu : 1);
   uint64_t free_bytes = 0;
@@ -1328,6 +1415,15 @@ int main(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  char crash_path[PATH_MAX + 64];
+  snprintf(crash_path, sizeof crash_path, "%s/executor-%s.crash", X.state_dir, X.device);
+  X.crash_fd = open(crash_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (X.crash_fd < 0)
+    logf_("cannot open %s (%s): a crash will not say which job it hit", crash_path,
+          strerror(errno));
+  sa.sa_handler = on_fatal;
+  const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+  for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) sigaction(fatal[i], &sa, NULL);
 
   logf_("ready: %d thread(s), %" PRIu64 " bytes", X.threads, X.total_bytes);
   send_ready();

@@ -555,9 +555,35 @@ static void on_message(gs_daemon *d, gs_executor *x, const Gpushare__Exec__V1__F
 
 static void maybe_loop_done(gs_daemon *d);
 
+/* The job a dying executor named (executor.c on_fatal writes the id of the
+ * job whose thread took the fatal signal to STATE/executor-DEVICE.crash), or
+ * 0 when it named none (killed from outside, out of memory). The file is
+ * emptied once read, so an old crash never blames a later death. */
+static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/executor-%s.crash", d->cfg.state_dir,
+           d->devices.dev[dev].name);
+  FILE *f = fopen(path, "r+e");
+  if (!f) return 0;
+  uint64_t id = 0;
+  if (fscanf(f, "%" SCNu64, &id) != 1) id = 0;
+  if (ftruncate(fileno(f), 0) != 0) gs_warn("cannot empty %s: %s", path, strerror(errno));
+  fclose(f);
+  return id;
+}
+
 static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned) {
   gs_jobs *J = d->jobs;
   size_t dev = gs_executor_device_index(x);
+  uint64_t culprit = planned ? 0 : crash_culprit(d, dev);
+  bool named = false; /* the culprit is one of the jobs it ran */
+  for (uint64_t i = 0; i < J->cap && culprit; i++)
+    if (J->by_id[i] && J->by_id[i]->placed == (int)dev && J->by_id[i]->rec->id == culprit)
+      named = true;
+  if (culprit && named)
+    gs_warn("the executor of %s died in job %" PRIu64 "'s thread (%s): that job is charged "
+            "with the crash, the others resume uncharged",
+            d->devices.dev[dev].name, culprit, why);
   for (uint64_t i = 0; i < J->cap; i++) {
     gs_job *j = J->by_id[i];
     if (!j || j->placed != (int)dev) continue;
@@ -566,16 +592,26 @@ static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned)
       j->resume_pending = true; /* it keeps its checkpoint; resumes at start */
       continue;
     }
-    j->crashes++;
+    /* Blame: the job the executor named, or, when it named none, every job
+     * it ran (one of them may have caused it). */
+    bool charged = !named || j->rec->id == culprit;
+    if (charged) j->crashes++;
     set_str(&j->rec->device, d->devices.dev[dev].name);
     j->rec->has_restarts = 1;
-    j->rec->restarts = j->crashes;
-    if (j->crashes >= 2) {
+    j->rec->restarts++;
+    if (charged && j->crashes >= 2) {
       char reason[512];
-      snprintf(reason, sizeof reason,
-               "the executor of %s went down twice while running this job (last: %s); "
-               "gpushare stopped retrying it so it cannot crash-loop the device",
-               d->devices.dev[dev].name, why);
+      if (named)
+        snprintf(reason, sizeof reason,
+                 "this job crashed the executor of %s twice, each time inside its own "
+                 "step (last: %s); gpushare stopped retrying it so it cannot crash-loop the "
+                 "device, and the other jobs there resumed from their checkpoints",
+                 d->devices.dev[dev].name, why);
+      else
+        snprintf(reason, sizeof reason,
+                 "the executor of %s went down twice while running this job (last: %s); "
+                 "gpushare stopped retrying it so it cannot crash-loop the device",
+                 d->devices.dev[dev].name, why);
       job_transition(d, j, GPUSHARE__V1__JOB_STATE__FAILED, reason);
     } else {
       gs_warn("job %" PRIu64 " will resume from its checkpoint: its executor %s", j->rec->id, why);
