@@ -39,5 +39,11 @@ typedef struct gs_devices {
  * than the machine has. */
 int gs_devices_discover(const gs_config *c, gs_devices *out, gs_err *e);
 const gs_device *gs_devices_find(const gs_devices *d, const char *name);
+/* Add the GPUs that `EXE --list-devices` (gpushare-executor, which loads the
+ * CUDA plugin; the control plane never does) reports, as gpu0, gpu1, ...
+ * with usable = total - gpu_reserve. Returns how many were added; with none,
+ * why says why (no plugin, no driver, no device), for one line of log. */
+int gs_devices_probe_gpus(const gs_config *c, const char *exe, gs_devices *d, char *why,
+                          size_t why_len);
 
 #endif

@@ -1236,6 +1236,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: gpushare-executor --device NAME --fd N --state-dir DIR [--threads N]\n"
           "                         [--device-memory BYTES]\n"
+          "       gpushare-executor --list-devices\n"
           "Run the training jobs of one device for gpushared, which starts it and speaks\n"
           "gpushare.exec.v1 (proto/executor.proto) over the socket on descriptor N.\n"
           "\n"
@@ -1248,8 +1249,39 @@ static void usage(FILE *f) {
           "  --device-memory BYTES  the device's usable memory: the regions of all\n"
           "                    vdevs together never pass it (default: no budget\n"
           "                    beyond what the device itself has)\n"
+          "  --list-devices    print the GPUs the CUDA plugin can open, one per line\n"
+          "                    (gpu INDEX BYTES CC NAME), or \"unavailable WHY\", and exit\n"
           "  -h, --help        this text\n"
           "Exit status: 0 after Shutdown or end of file, 1 on a start-up failure, 2 usage.\n");
+}
+
+/* --list-devices: the GPUs this process can open, for the control plane,
+ * which never loads CUDA itself (a CUDA context in gpushared would hold
+ * device memory and tie the control plane's life to the driver's). One line
+ * per GPU, tab-separated: "gpu INDEX TOTAL_BYTES MAJOR.MINOR NAME"; or one
+ * line "unavailable WHY" where the plugin, a driver or a device is missing.
+ * Exit 0 either way: no GPU is an answer, not a failure. */
+static int list_devices(void) {
+#ifdef GS_EXECUTOR_CUDA
+  char why[512] = "";
+  gs_backend *b = gs_backend_cuda_load(why, sizeof why);
+  if (!b) {
+    printf("unavailable\t%s\n", why[0] ? why : "the CUDA backend did not load");
+    return 0;
+  }
+  int n = gs_cuda_device_count(b);
+  for (int i = 0; i < n; i++) {
+    gs_gpu_info g;
+    if (gs_cuda_device_info(b, i, &g)) continue;
+    for (char *c = g.name; *c; c++)
+      if (*c == '\t' || *c == '\n') *c = ' ';
+    printf("gpu\t%d\t%" PRIu64 "\t%d.%d\t%s\n", i, g.total_bytes, g.major, g.minor, g.name);
+  }
+  if (n == 0) printf("unavailable\tthe CUDA backend reports no GPU\n");
+#else
+  printf("unavailable\tthis build of gpushare has no CUDA backend loader\n");
+#endif
+  return fflush(stdout) == 0 ? 0 : 1;
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1283,6 +1315,7 @@ int main(int argc, char **argv) {
       usage(stdout);
       return 0;
     }
+    if (!strcmp(a, "--list-devices")) return list_devices();
     const char *val = NULL;
     char flag[32];
     const char *eq = strchr(a, '=');

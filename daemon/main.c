@@ -35,6 +35,7 @@
 #include "jobs.h"
 #include "devices.h"
 #include "log.h"
+#include "supervisor.h"
 #include "notify.h"
 #include "server.h"
 #include "size.h"
@@ -220,6 +221,12 @@ int main(int argc, char **argv) {
   if (gs_devices_discover(&d.cfg, &d.devices, &e) < 0) {
     gs_error("%s: %s", e.field, e.msg);
     goto out;
+  }
+  {
+    char exe[4200], why[600];
+    int gpus = gs_devices_probe_gpus(&d.cfg, gs_executor_path(exe, sizeof exe), &d.devices,
+                                     why, sizeof why);
+    if (gpus == 0) gs_info("no GPU device: %s; serving the cpu device", why);
   }
   gs_daemon_resolve_admin(&d);
   /* Listen first: taking a socket-activated descriptor clears LISTEN_FDS,

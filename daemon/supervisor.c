@@ -40,7 +40,7 @@ typedef struct write_req {
 static void spawn(gs_executor *x);
 static void on_backoff(uv_timer_t *t) { spawn(t->data); }
 
-static const char *executor_path(char *buf, size_t len) {
+const char *gs_executor_path(char *buf, size_t len) {
   const char *env = getenv("GS_EXECUTOR");
   if (env && *env) return env;
   char self[PATH_MAX];
@@ -154,7 +154,7 @@ static void spawn(gs_executor *x) {
     return;
   }
   char path[PATH_MAX + 32], threads[16], memory[32];
-  const char *exe = executor_path(path, sizeof path);
+  const char *exe = gs_executor_path(path, sizeof path);
   snprintf(threads, sizeof threads, "%u", dev->threads);
   snprintf(memory, sizeof memory, "%" PRIu64, dev->usable);
   /* --device-memory: the executor keeps the regions of all vdevs within the

@@ -31,6 +31,9 @@ typedef struct gs_supervisor_events {
 } gs_supervisor_events;
 
 /* Start the executor for device `device` (index into d->devices). */
+/* The gpushare-executor program: $GS_EXECUTOR, else beside gpushared. */
+const char *gs_executor_path(char *buf, size_t len);
+
 int gs_executor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
                       gs_executor **out, gs_err *e);
 /* Queue one message; -1 when the executor is not running (the caller keeps
