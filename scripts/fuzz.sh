@@ -9,7 +9,7 @@
 # rerun with: build-fuzz/tests/fuzz/fuzz_TARGET REPRODUCER
 # Environment: GS_FUZZ_BUILD (default build-fuzz), GS_FUZZ_WORK (default a
 # temporary directory, removed afterwards unless something failed),
-# GS_FUZZ_JOBS (build parallelism, default nproc).
+# GS_FUZZ_JOBS (build parallelism, default nproc), GS_FUZZ_CC (default clang).
 # Installs nothing: clang and its libFuzzer runtime must be there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +26,10 @@ for t in "${TARGETS[@]}"; do
   }
 done
 
-CC=${CC:-clang}
+CC=${GS_FUZZ_CC:-clang} # not $CC: a CI that sets CC=gcc for the main builds still fuzzes with clang
 command -v "$CC" >/dev/null || {
   echo "fuzz.sh: $CC is not installed; the fuzz targets need clang with libFuzzer" \
-       "(Debian: apt-get install clang)" >&2
+       "(Debian 12: apt-get install clang libclang-rt-14-dev)" >&2
   exit 1
 }
 "$CC" --version | head -1 | grep -qi clang || {
@@ -43,7 +43,7 @@ printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (v
 "$CC" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" 2>"$probe/err" || {
   echo "fuzz.sh: $CC cannot link -fsanitize=fuzzer,address,undefined: the libFuzzer runtime" \
        "(${rt:-libclang_rt.fuzzer}) or a sanitizer runtime is missing" \
-       "(Debian: apt-get install libclang-rt-dev or clang's full package):" >&2
+       "(Debian 12: apt-get install libclang-rt-14-dev, which clang only recommends):" >&2
   sed 's/^/  /' "$probe/err" >&2
   exit 1
 }
