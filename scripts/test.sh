@@ -18,4 +18,6 @@ echo "== tests under ASan + UBSan"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+echo "== fuzz (libFuzzer + ASan + UBSan, 30 s per target on the committed corpus)"
+scripts/fuzz.sh 30
 echo "== all tests passed in both builds"

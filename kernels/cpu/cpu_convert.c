@@ -14,6 +14,7 @@
 #include "cpu_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define GS_CPU_X86 1
 
@@ -36,11 +37,15 @@ __attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *d, cons
     d[i] = gs_f32_to_f16(s[i]);
 }
 
+/* F16C through CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+ * does not know "f16c". AVX also needs the OS to save the YMM state
+ * (OSXSAVE and XCR0), which __builtin_cpu_supports("avx") checks. */
 static int cpu_has_f16c(void) {
   static int have = -1; /* races only to write the same value */
   if (have < 0) {
+    unsigned a, b, c, d;
     __builtin_cpu_init();
-    have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    have = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
   }
   return have;
 }
