@@ -167,7 +167,39 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
            -EINVAL;
   }
   if (r->adam) r->optimizer_slots = 2;
+  r->lr_schedule = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT;
+  if (o && o->schedule) {
+    const Gpushare__V1__LearningRateSchedule *ls = o->schedule;
+    if (ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT &&
+        ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.kind",
+                        "schedule kind %d is unknown: CONSTANT or COSINE", (int)ls->kind),
+             -EINVAL;
+    if (!(ls->final_fraction >= 0.0f && ls->final_fraction <= 1.0f))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.final_fraction",
+                        "final_fraction %g must be from 0 to 1", (double)ls->final_fraction),
+             -EINVAL;
+    if (ls->warmup_steps > 100000000u)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.warmup_steps",
+                        "warmup_steps %u is over 100000000", ls->warmup_steps),
+             -EINVAL;
+    r->lr_schedule = (int)ls->kind;
+    r->lr_warmup_steps = ls->warmup_steps;
+    r->lr_final_fraction = ls->final_fraction;
+  }
   return 0;
+}
+
+float gs_recipe_learning_rate(const gs_recipe *r, uint64_t step, uint64_t total) {
+  double lr = r->learning_rate;
+  uint64_t w = r->lr_warmup_steps;
+  if (w && step < w) return (float)(lr * (double)(step + 1) / (double)w);
+  if (r->lr_schedule != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE) return (float)lr;
+  double span = total > w + 1 ? (double)(total - w - 1) : 1.0;
+  double p = (double)(step - w) / span;
+  if (p > 1.0) p = 1.0;
+  double f = r->lr_final_fraction;
+  return (float)(lr * (f + (1.0 - f) * 0.5 * (1.0 + cos(3.14159265358979323846 * p))));
 }
 
 /* Layer-building context: the error path and the layer's display name. */

@@ -103,11 +103,20 @@ typedef struct gs_recipe {
   bool nesterov;               /* SGD */
   float weight_decay;
   bool decoupled;              /* AdamW */
+  int lr_schedule;             /* Gpushare__V1__LearningRateSchedule__Kind */
+  uint32_t lr_warmup_steps;    /* linear warm-up, then the schedule */
+  float lr_final_fraction;     /* COSINE: the last step's rate / learning_rate */
   uint32_t optimizer_slots;    /* fp32 state tensors per parameter: 0, 1 or 2 */
   float loss_scale_initial;    /* MIXED_FLOAT16 only */
   uint32_t loss_scale_growth_interval;
   uint32_t checkpoint_every_steps; /* 0 = only at epoch ends */
 } gs_recipe;
+
+/* The learning rate of optimizer step `step` (0-based) of `total`, by the
+ * recipe's schedule: warm-up first, then constant or half a cosine down to
+ * learning_rate * lr_final_fraction at the last step. A pure function of the
+ * step, so a resumed run takes the same rates. */
+float gs_recipe_learning_rate(const gs_recipe *r, uint64_t step, uint64_t total);
 
 typedef struct gs_model {
   gs_recipe recipe;    /* the validated recipe (gs_model_build fills it) */

@@ -673,6 +673,7 @@ static int optimizer_step(gs_train *t, gs_err *e) {
                             found));
   const int32_t *skip = t->fp16 ? found : NULL;
   uint64_t tt = t->opt_t + 1;
+  const float lr = gs_recipe_learning_rate(&t->r, t->step, t->total_steps);
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
     lstate *s = &t->ls[i];
@@ -680,10 +681,10 @@ static int optimizer_step(gs_train *t, gs_err *e) {
       size_t cnt = l->params[p].count;
       if (t->r.adam)
         OP(b->adam_step(t->ex, s->master[p], s->grad[p], s->m[p], s->v[p], cnt,
-                        t->r.learning_rate, t->r.beta1, t->r.beta2, t->r.epsilon,
+                        lr, t->r.beta1, t->r.beta2, t->r.epsilon,
                         t->r.weight_decay, t->r.decoupled, tt, skip));
       else
-        OP(b->sgd_step(t->ex, s->master[p], s->grad[p], s->m[p], cnt, t->r.learning_rate,
+        OP(b->sgd_step(t->ex, s->master[p], s->grad[p], s->m[p], cnt, lr,
                        t->r.momentum, t->r.nesterov, t->r.weight_decay, skip));
     }
   }

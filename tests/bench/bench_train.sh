@@ -42,8 +42,10 @@ for m in $MODELS; do
   gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
   if [ $have_torch = 1 ]; then
     # shellcheck disable=SC2086
+    sched=constant  # the example's learning-rate schedule, for the peer too
+    grep -q 'kind: COSINE' "$src/examples/fashion-$m.txtpb" && sched=cosine
     "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
-      --max-steps "$MAX_STEPS" > "$tmp/pt.$m"
+      --max-steps "$MAX_STEPS" --schedule "$sched" > "$tmp/pt.$m"
     pt_sps=$(jget "$tmp/pt.$m" samples_per_second)
     pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
     ratio=$("$PY" -c "print('%.2f' % ($gs_sps / $pt_sps))")

@@ -99,6 +99,9 @@ def main():
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                    help="the learning-rate schedule of gpushare's LearningRateSchedule "
+                         "(no warm-up, final fraction 0)")
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -112,6 +115,15 @@ def main():
     init_glorot(model)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-7)
     steps_per_epoch = xtr.shape[0] // a.batch
+    total = steps_per_epoch * a.epochs
+    if a.max_steps and a.max_steps < total:
+        total = a.max_steps
+    # gs_recipe_learning_rate: step s of total takes lr * (1 + cos(pi s / (total - 1))) / 2.
+    sched = None
+    if a.schedule == "cosine":
+        span = max(total - 1, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s / span, 1.0))))
     steps, train_time, last_loss = 0, 0.0, float("nan")
     for epoch in range(a.epochs):
         perm = torch.randperm(xtr.shape[0])
@@ -124,6 +136,8 @@ def main():
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
+            if sched:
+                sched.step()
             losses.append(loss.item())
             steps += 1
             if a.max_steps and steps >= a.max_steps:

@@ -345,6 +345,45 @@ Test(model, optimizer_bounds) {
   free(t);
 }
 
+Test(model, learning_rate_schedule) {
+  tspec *t = mlp();
+  ts_adam(t, 1e-3f);
+  Gpushare__V1__LearningRateSchedule ls = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__INIT;
+  t->opt.schedule = &ls;
+  ls.kind = (Gpushare__V1__LearningRateSchedule__Kind)7;
+  expect_err(t, "optimizer.schedule.kind", "CONSTANT or COSINE");
+  ls.kind = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE;
+  ls.final_fraction = 1.5f;
+  expect_err(t, "optimizer.schedule.final_fraction", "1.5");
+  ls.final_fraction = NAN;
+  expect_err(t, "optimizer.schedule.final_fraction", NULL);
+  ls.final_fraction = 0.1f;
+  ls.warmup_steps = 200000000u;
+  expect_err(t, "optimizer.schedule.warmup_steps", "200000000");
+  ls.warmup_steps = 10;
+  cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
+  const gs_recipe *r = &m.recipe;
+  /* Warm-up: linear to the full rate at step 9 (0-based). */
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 0, 110), 1e-4f, 1e-9);
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 9, 110), 1e-3f, 1e-9);
+  /* Then half a cosine: full rate at step 10, half-way at 60, the final
+   * fraction at the last step (109) and after it. */
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 10, 110), 1e-3f, 1e-9);
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 60, 110 + 1), 1e-3f * (0.1f + 0.9f * 0.5f), 1e-8);
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 109, 110), 1e-4f, 1e-9);
+  cr_expect_float_eq(gs_recipe_learning_rate(r, 500, 110), 1e-4f, 1e-9);
+  for (uint64_t s = 11; s < 110; s++)
+    cr_expect_leq(gs_recipe_learning_rate(r, s, 110), gs_recipe_learning_rate(r, s - 1, 110),
+                  "the cosine never rises (step %llu)", (unsigned long long)s);
+  gs_model_free(&m);
+  ls.kind = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT;
+  ls.warmup_steps = 0;
+  cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
+  cr_expect_float_eq(gs_recipe_learning_rate(&m.recipe, 0, 10), 1e-3f, 0);
+  cr_expect_float_eq(gs_recipe_learning_rate(&m.recipe, 9, 10), 1e-3f, 0);
+  free(t);
+}
+
 Test(model, dataset_check) {
   tspec *t = mlp();
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0);
