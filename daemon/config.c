@@ -36,6 +36,7 @@
 #define GS_CONFIG_GIB ((uint64_t)1 << 30)
 #define GS_CONFIG_FRAME_MAX (16 * GS_CONFIG_MIB) /* the protocol's hard limit */
 #define GS_CONFIG_FRAME_MIN (2 * GS_CONFIG_MIB) /* a 1 MiB upload chunk and its envelope */
+#define GS_CONFIG_SPEC_MIN ((uint64_t)1 << 10)  /* the smallest useful JobSpec is ~100 bytes */
 
 enum gs_config__kind {
   GS_CONFIG__PATH,  /* absolute path, fits the field */
@@ -74,6 +75,8 @@ static const struct gs_config__key gs_config__keys[] = {
     GS_K(idle_timeout_s, GS_CONFIG__UINT, 0, 31536000, 1),
     GS_K(max_frame, GS_CONFIG__SIZE, GS_CONFIG_FRAME_MIN, GS_CONFIG_FRAME_MAX, 1),
     GS_K(max_upload, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
+    GS_K(max_tenant_datasets, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
+    GS_K(max_job_spec, GS_CONFIG__SIZE, GS_CONFIG_SPEC_MIN, GS_CONFIG_FRAME_MAX, 1),
     GS_K(log_level, GS_CONFIG__LEVEL, 0, 0, 1),
 };
 #define GS_CONFIG__NKEYS (sizeof gs_config__keys / sizeof gs_config__keys[0])
@@ -100,6 +103,8 @@ void gs_config_defaults(gs_config *c) {
   c->idle_timeout_s = 600;
   c->max_frame = GS_CONFIG_FRAME_MAX;
   c->max_upload = GS_CONFIG_GIB;
+  c->max_tenant_datasets = 16 * GS_CONFIG_GIB;
+  c->max_job_spec = GS_CONFIG_MIB;
   snprintf(c->log_level, sizeof c->log_level, "%s", "info");
 }
 

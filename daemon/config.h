@@ -41,6 +41,9 @@ typedef struct gs_config {
   unsigned idle_timeout_s;   /* default 600; 0 = never */
   uint64_t max_frame;        /* default 16 MiB, at most 16 MiB */
   uint64_t max_upload;       /* per dataset; default 1 GiB */
+  uint64_t max_tenant_datasets; /* bytes of one tenant's datasets in all (each content once);
+                                   default 16 GiB */
+  uint64_t max_job_spec;     /* packed JobSpec of a submit or plan request; default 1 MiB */
   char log_level[16];        /* error|warn|info|debug, default info */
 } gs_config;
 

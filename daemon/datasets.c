@@ -332,6 +332,33 @@ out_free:
   return rc;
 }
 
+/* max_tenant_datasets: would `bytes` more (content `sha`, when known, counts
+ * nothing if the tenant already holds it) take the tenant past its limit?
+ * Held bytes count each content the tenant's datasets name once. */
+static int quota_check(gs_daemon *d, const char *tenant, const char *name, const char *sha,
+                       uint64_t bytes, const char *field, gs_err *e) {
+  gs_dataset_row *rows;
+  size_t n;
+  if (gs_store_dataset_list(d->store, tenant, &rows, &n, e) < 0) return -1;
+  uint64_t held = 0;
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(rows[i].sha256, rows[j].sha256) == 0;
+    if (!seen) held += rows[i].bytes;
+    if (sha && strcmp(rows[i].sha256, sha) == 0) bytes = 0;
+  }
+  free(rows);
+  uint64_t lim = d->cfg.max_tenant_datasets;
+  if (held <= lim && bytes <= lim - held) return 0;
+  char sz[3][32];
+  return gs_err_set(e, GS_RESOURCE_EXHAUSTED, field,
+                    "tenant %s holds %s in datasets; dataset %s (%s) would take it past %s "
+                    "(max_tenant_datasets); nothing was kept: remove a dataset first",
+                    tenant, gs_size_format(held, sz[0], sizeof sz[0]), name,
+                    gs_size_format(bytes, sz[1], sizeof sz[1]),
+                    gs_size_format(lim, sz[2], sizeof sz[2]));
+}
+
 static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_dataset_row *row,
                          gs_err *e) {
   gs_daemon *d = c->d;
@@ -351,6 +378,8 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
                       "damaged on the way, nothing was kept",
                       u->name, hex, want_sha);
   if (idx_check(u->path, u->name, e) < 0) return -1;
+  if (quota_check(d, u->tenant, u->name, hex, u->received, "data", e) < 0)
+    return -1;
   if (fsync(u->fd) < 0)
     return gs_err_set(e, GS_INTERNAL, "", "fsync %s: %s", u->path, strerror(errno));
   close(u->fd);
@@ -407,6 +436,9 @@ int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
                         "dataset %s is %s; this daemon takes uploads of at most %s (max_upload)",
                         r->name, gs_size_format(r->total_bytes, sz[0], sizeof sz[0]),
                         gs_size_format(d->cfg.max_upload, sz[1], sizeof sz[1]));
+    if (r->has_total_bytes &&
+        quota_check(d, c->id.tenant, r->name, NULL, r->total_bytes, "total_bytes", e) < 0)
+      return -1;
     u = calloc(1, sizeof *u);
     if (!u) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
     u->id = d->uploads->next_id++;
@@ -442,6 +474,10 @@ int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
                                                                           : d->cfg.max_upload,
                                 sz[0], sizeof sz[0]),
                  u->total && after > u->total ? "the size it announced" : "max_upload");
+      upload_drop(d, u);
+      return -1;
+    }
+    if (quota_check(d, u->tenant, u->name, NULL, after, "data", e) < 0) {
       upload_drop(d, u);
       return -1;
     }
