@@ -76,7 +76,7 @@ void gs_gpu_env_close(gs_gpu_env *env) {
 
 /* ---- per-case context: host and device buffers, freed together ---- */
 
-#define TC_MAX 48
+#define TC_MAX 160 /* buffers of one case, all its shapes together */
 
 typedef struct tc {
   gs_gpu_env *e;
@@ -269,7 +269,10 @@ static void tol_sum(gs_dtype out_dt, size_t k, double *atol, double *rtol) {
 
 /* ---- dense ---- */
 
-static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
+/* bias_off: the bias vector starts that many elements into its buffer (an
+ * unaligned bias takes the GEMM's no-epilogue path) */
+static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc,
+                      uint32_t bias_off) {
   gs_backend *C = t->e->cpu, *G = t->e->gpu;
   gs_exec *CX = t->e->cex, *GX = t->e->gex;
   size_t es = gs_dtype_size(dt);
@@ -287,7 +290,12 @@ static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
   tc_call(t, "cpu dense_backward",
           C->dense_backward(CX, dt, din, dw, db, dout, x, w, n, c, oc, cw));
   void *gx = dput(t, x, (size_t)n * c * es), *gw = dput(t, w, (size_t)c * oc * es);
-  void *gb = dput(t, b, oc * es), *gdout = dput(t, dout, (size_t)n * oc * es);
+  void *bpad = halloc(t, (size_t)(oc + bias_off) * es);
+  if (bpad && b)
+    memcpy((char *)bpad + (size_t)bias_off * es, b, (size_t)oc * es);
+  void *gbpad = dput(t, bpad, (size_t)(oc + bias_off) * es);
+  void *gb = gbpad ? (char *)gbpad + (size_t)bias_off * es : NULL;
+  void *gdout = dput(t, dout, (size_t)n * oc * es);
   void *gout = dput(t, NULL, (size_t)n * oc * es), *gout2 = dput(t, NULL, (size_t)n * oc * es);
   void *gdin = dput(t, NULL, (size_t)n * c * es), *gwsp = dput(t, NULL, gws);
   float *gdw = dput(t, dw0, (size_t)c * oc * 4), *gdb = dput(t, db0, (size_t)oc * 4);
@@ -313,9 +321,11 @@ static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
 static int case_dense(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   TC_BEGIN(env, dt, msg, len);
   (void)C, (void)G, (void)CX, (void)GX;
-  dense_one(t, dt, 37, 45, 29); /* odd: unaligned rows */
-  dense_one(t, dt, 64, 128, 96);
-  dense_one(t, dt, 1, 7, 3);
+  dense_one(t, dt, 37, 45, 29, 0); /* odd: unaligned rows */
+  dense_one(t, dt, 64, 128, 96, 0);
+  dense_one(t, dt, 1, 7, 3, 0);
+  dense_one(t, dt, 64, 128, 96, 1); /* bias at 2 or 4 bytes past alignment */
+  dense_one(t, dt, 3000, 33, 17, 0); /* many rows: db in chunks */
   return tc_end(t);
 }
 
@@ -388,6 +398,10 @@ static int case_conv2d(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   conv_one(t, dt, shape(3, 8, 8, 5, 3, 2, false, 6), false);
   conv_one(t, dt, shape(2, 6, 5, 16, 1, 1, true, 12), false); /* pointwise */
   conv_one(t, dt, shape(1, 11, 10, 4, 5, 2, true, 7), false);
+  /* one image's im2col (127*127 rows of 3*3*64, as fp32) is past half the
+   * GPU's 64 MiB chunk: two chunks, the second's out and dout at an odd
+   * offset (other GEMM plans), and a bias gradient over 32258 rows */
+  conv_one(t, dt, shape(2, 127, 127, 64, 3, 1, true, 7), false);
   return tc_end(t);
 }
 
