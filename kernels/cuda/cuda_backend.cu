@@ -46,6 +46,10 @@ size_t gs_cuda_lt_workspace = (size_t)4 << 20;
 int gs_cuda__check(cudaError_t e, const char *what, const char *file, int line) {
   if (e == cudaSuccess)
     return 0;
+  /* A failed call is also the thread's "last error" until someone reads it;
+   * left there, the next GS_LAUNCHED would blame a kernel that launched
+   * fine. Read it off here (a sticky fault stays: every later call fails). */
+  (void)cudaGetLastError();
   fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorName(e),
           cudaGetErrorString(e));
   return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
@@ -65,14 +69,21 @@ int gs_cuda__check_lt(cublasStatus_t s, const char *what, const char *file, int 
 
 int gs_cuda_enter(gs_exec *ex) {
   int cur = -1;
-  if (cudaGetDevice(&cur) == cudaSuccess && cur == ex->device)
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e == cudaSuccess && cur == ex->device)
     return 0;
+  if (e != cudaSuccess)
+    (void)cudaGetLastError(); /* cudaSetDevice below says what is wrong */
   return GS_CU(cudaSetDevice(ex->device));
 }
 
 static int cuda_set_device(int device_index) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || device_index < 0 || device_index >= count)
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not a kernel's error: keep GS_LAUNCHED clean */
+    return -ENODEV;
+  }
+  if (device_index < 0 || device_index >= count)
     return -ENODEV;
   return GS_CU(cudaSetDevice(device_index));
 }
@@ -288,8 +299,9 @@ GS_CUDA_EXPORT gs_backend *gs_cuda_backend_open(char *why, size_t why_len) {
   size_t ws = (size_t)4 << 20;
   for (int i = 0; i < count; i++) {
     int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess &&
-        major >= 9)
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) != cudaSuccess)
+      (void)cudaGetLastError();
+    else if (major >= 9)
       ws = (size_t)32 << 20;
   }
   gs_cuda_lt_workspace = ws;
@@ -315,7 +327,9 @@ GS_CUDA_EXPORT int gs_cuda_plugin_device_info(int index, gs_gpu_info *out) {
   out->minor = p.minor;
   out->total_bytes = p.totalGlobalMem;
   out->multiprocessors = p.multiProcessorCount;
-  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, index) != cudaSuccess)
+  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, index) != cudaSuccess) {
+    (void)cudaGetLastError();
     out->pci_bus_id[0] = '\0';
+  }
   return 0;
 }
