@@ -18,7 +18,9 @@
  * combination cuBLASLt lists (the "16F/16BF in, 32F out" rows of its type
  * table), so weight gradients accumulate in fp32 with no extra pass. Bias
  * gradients are a column-sum kernel that adds onto db (cuda_ops.cu): the
- * BGRADA/BGRADB epilogues overwrite their output, and db accumulates.
+ * BGRADA/BGRADB epilogues overwrite their output, and db accumulates. Its
+ * per-chunk partial sums borrow the cuBLASLt part of the op's ws before the
+ * GEMMs run (stream order keeps the two apart).
  *
  * Plans. Descriptors, layouts and the heuristic's algorithm depend only on
  * the shape, the types, the epilogue and the pointers' alignment (the
@@ -27,9 +29,11 @@
  * kept in the exec's small open-addressed cache (GS_CUDA_PLANS slots, eight
  * probes, the home slot replaced when all are taken). A training step
  * repeats the same few shapes, so after the first step no plan is made.
- * Should no algorithm offer the BIAS epilogue for a shape, the plan says
- * so and the bias rows are written into out first, then the GEMM adds onto
- * them (beta = 1), as the CPU does.
+ * Should no algorithm offer the BIAS epilogue for a shape, the bias vector
+ * be under 16-byte alignment, or the matmul refuse the epilogue after the
+ * heuristic offered it, the plan says so (bias_fallback) and the bias rows
+ * are written into out first, then the GEMM adds onto them (beta = 1), as
+ * the CPU does.
  *
  * Workspace. Every GEMM op's *_workspace includes gs_cuda_lt_workspace
  * bytes at the start of its ws for cuBLASLt, so the vdev is charged for it;
@@ -144,8 +148,15 @@ static int pick_algo(gs_exec *ex, gs_cuda_plan *p, cublasLtMatmulPreference_t pr
   return 1;
 }
 
+/* Bias pointers below this alignment never get the BIAS epilogue: cuBLASLt
+ * kernels load the bias vector in 16-byte pieces and refuse (at the matmul,
+ * after the heuristic said yes) a vector that is not so aligned. */
+#define GS_CUDA_BIAS_ALIGN_LOG2 4
+
+/* A plan for key k; with no_epilogue (or a bias pointer under 16-byte
+ * alignment) the bias goes in as rows of C with beta = 1 (bias_fallback). */
 static int plan_make(gs_exec *ex, gs_cuda_plan *p, const gs_cuda_plan_key *k,
-                     const void *bias_ptr) {
+                     const void *bias_ptr, bool no_epilogue) {
   memset(p, 0, sizeof *p);
   p->used = 1;
   p->key = *k;
@@ -179,10 +190,14 @@ static int plan_make(gs_exec *ex, gs_cuda_plan *p, const gs_cuda_plan_key *k,
                                                            sizeof val[i]))))
         goto fail;
   }
-  if ((rc = make_desc(k, k->bias != 0, bias_ptr, &p->desc)))
-    goto fail;
-  got = pick_algo(ex, p, pref);
-  if (got == 0 && k->bias) { /* no BIAS epilogue for this shape: bias rows + beta 1 */
+  {
+    bool epi = k->bias && !no_epilogue &&
+               ((k->align >> 12) & 15u) >= GS_CUDA_BIAS_ALIGN_LOG2;
+    if ((rc = make_desc(k, epi, bias_ptr, &p->desc)))
+      goto fail;
+    got = epi || !k->bias ? pick_algo(ex, p, pref) : 0;
+  }
+  if (got == 0 && k->bias) { /* no BIAS epilogue here: bias rows + beta 1 */
     (void)GS_LT(cublasLtMatmulDescDestroy(p->desc));
     p->desc = NULL;
     if ((rc = make_desc(k, false, NULL, &p->desc)))
@@ -230,7 +245,7 @@ static int plan_get(gs_exec *ex, const gs_cuda_plan_key *k, const void *bias_ptr
     slot = &ex->plans[h & (GS_CUDA_PLANS - 1)];
     plan_destroy(slot);
   }
-  int rc = plan_make(ex, slot, k, bias_ptr);
+  int rc = plan_make(ex, slot, k, bias_ptr, false);
   if (rc)
     return rc;
   *out = slot;
@@ -285,8 +300,22 @@ static int gemm_rm(gs_exec *ex, bool ta, bool tb, uint64_t M, uint64_t N, uint64
       return rc;
   }
   float alpha = 1.0f;
-  return GS_LT(cublasLtMatmul(ex->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->d, C, p->d,
-                              &p->algo, p->ws_bytes ? ws : NULL, p->ws_bytes, ex->stream));
+  cublasStatus_t st =
+      cublasLtMatmul(ex->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->d, C, p->d, &p->algo,
+                     p->ws_bytes ? ws : NULL, p->ws_bytes, ex->stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && bias && !p->bias_fallback) {
+    /* the heuristic offered the BIAS epilogue but the kernel refuses this
+     * call: remake the plan without it, for this and every later call */
+    plan_destroy(p);
+    if ((rc = plan_make(ex, p, &k, bias, true)))
+      return rc;
+    if ((rc = gs_cuda_fill_rows(ex, cdt, C, bias, M, N)))
+      return rc;
+    beta = 1.0f;
+    st = cublasLtMatmul(ex->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->d, C, p->d,
+                        &p->algo, p->ws_bytes ? ws : NULL, p->ws_bytes, ex->stream);
+  }
+  return GS_LT(st);
 }
 
 /* ---- dense ---- */
@@ -318,7 +347,7 @@ int gs_cuda_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
   if (rc || n == 0)
     return rc;
   cudaDataType_t t = lt_type(dt);
-  if (db && (rc = gs_cuda_colsum_add(ex, dt, db, dout, n, oc)))
+  if (db && (rc = gs_cuda_colsum_add(ex, dt, db, dout, n, oc, ws)))
     return rc;
   if (dw && (rc = gemm_rm(ex, true, false, c, oc, n, t, in, c, dout, oc, CUDA_R_32F, dw, oc, 1.0f,
                           NULL, ws)))
@@ -405,7 +434,7 @@ int gs_cuda_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, floa
   }
   cudaDataType_t t = lt_type(dt);
   uint64_t M = (uint64_t)s->n * g.p;
-  if (db && (rc = gs_cuda_colsum_add(ex, dt, db, dout, M, g.f)))
+  if (db && (rc = gs_cuda_colsum_add(ex, dt, db, dout, M, g.f, ws)))
     return rc;
   if (g.pointwise) {
     if (dw && (rc = gemm_rm(ex, true, false, g.k, g.f, M, t, in, (int64_t)g.k, dout, (int64_t)g.f,

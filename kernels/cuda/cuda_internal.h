@@ -100,9 +100,11 @@ int gs_cuda_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, floa
                             const gs_conv_shape *s, void *ws);
 
 /* ---- everything else (cuda_ops.cu) ---- */
-/* db (cols) f32 += column sums of x (rows, cols) of dt */
+/* db (cols) f32 += column sums of x (rows, cols) of dt. ws: NULL, or the
+ * GEMM op's workspace, whose first gs_cuda_lt_workspace bytes hold per-chunk
+ * partial sums (before the op's GEMMs use them, in stream order). */
 int gs_cuda_colsum_add(gs_exec *ex, gs_dtype dt, float *db, const void *x, size_t rows,
-                       size_t cols);
+                       size_t cols, void *ws);
 size_t gs_cuda_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                               const void *w, const void *b, const gs_conv_shape *s, void *ws);

@@ -17,7 +17,9 @@
  * written by one thread. Reductions over many positions (bias gradients,
  * depthwise weight gradients) give each block a column of outputs; its
  * threads sum strided slices in fp32 and one thread adds the block's sum
- * onto the fp32 gradient (+=, as the contract says). Gradients of inputs
+ * onto the fp32 gradient (+=, as the contract says). Bias gradients over
+ * many rows first cut the rows into chunks (partial sums in the GEMM op's
+ * workspace, added up in chunk order by a second pass). Gradients of inputs
  * that several windows read (col2im, depthwise din, max pool din) are
  * gathers over the windows that read each input element, as on the CPU.
  *
@@ -128,14 +130,19 @@ static kgeo kgeo_of(const gs_conv_shape *s, bool same) {
 
 #define GS_RED_Y 8 /* threads per column in a reduction block */
 
-/* db[col] += sum over rows of x (rows, cols); block (32, GS_RED_Y) */
+/* Column sums of rows [r0, r1) of x (rows, cols): block (32, GS_RED_Y)
+ * over 32 columns, each thread a strided slice of the rows, then one fixed
+ * order across the slices. partial == NULL: db[col] += the sum; else
+ * partial[blockIdx.y * cols + col] = the sum of chunk blockIdx.y. */
 template <int D>
-__global__ void colsum_add_k(float *db, const typename st<D>::T *x, size_t rows, size_t cols) {
+__global__ void colsum_k(float *db, float *partial, const typename st<D>::T *x, size_t rows,
+                         size_t cols, size_t chunk) {
   __shared__ float part[GS_RED_Y][33];
   size_t col = (size_t)blockIdx.x * 32 + threadIdx.x;
+  size_t r0 = (size_t)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   float acc = 0.0f;
   if (col < cols)
-    for (size_t r = threadIdx.y; r < rows; r += GS_RED_Y)
+    for (size_t r = r0 + threadIdx.y; r < r1; r += GS_RED_Y)
       acc += st<D>::load(x[r * cols + col]);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -143,18 +150,62 @@ __global__ void colsum_add_k(float *db, const typename st<D>::T *x, size_t rows,
     float s = 0.0f;
     for (int y = 0; y < GS_RED_Y; y++)
       s += part[y][threadIdx.x];
+    if (partial)
+      partial[(size_t)blockIdx.y * cols + col] = s;
+    else
+      db[col] += s;
+  }
+}
+
+/* db[col] += the chunks' partial sums, in chunk order */
+__global__ void colsum_finish_k(float *db, const float *partial, size_t chunks, size_t cols) {
+  GS_GRID_STRIDE(col, cols) {
+    float s = 0.0f;
+    for (size_t y = 0; y < chunks; y++)
+      s += partial[y * cols + col];
     db[col] += s;
   }
 }
 
+/* Blocks the first pass aims at (a few per multiprocessor), and the fewest
+ * rows one thread of a chunk sums (below that the second pass costs more
+ * than it spreads). */
+#define GS_COLSUM_BLOCKS 4096
+#define GS_COLSUM_MIN_ROWS 16
+
+/* One block per 32 columns would leave most of a large GPU idle when the
+ * columns are few and the rows many (a bias gradient over batch x pixels);
+ * so the rows are cut into chunks whose partial sums go to the workspace and
+ * a second pass adds them up. The chunking depends only on the shape, so the
+ * result is the same bits run after run. */
 int gs_cuda_colsum_add(gs_exec *ex, gs_dtype dt, float *db, const void *x, size_t rows,
-                       size_t cols) {
+                       size_t cols, void *ws) {
   if (rows == 0 || cols == 0)
     return 0;
-  dim3 grid((unsigned)((cols + 31) / 32)), block(32, GS_RED_Y);
-  GS_DT_SWITCH(dt, D, colsum_add_k<D><<<grid, block, 0, ex->stream>>>(
-                          db, (const typename st<D>::T *)x, rows, cols));
-  return GS_LAUNCHED("colsum_add");
+  size_t cblocks = (cols + 31) / 32;
+  size_t chunks = (rows + GS_RED_Y * GS_COLSUM_MIN_ROWS - 1) / (GS_RED_Y * GS_COLSUM_MIN_ROWS);
+  size_t want = (GS_COLSUM_BLOCKS + cblocks - 1) / cblocks;
+  size_t room = ws ? gs_cuda_lt_workspace / (sizeof(float) * cols) : 0;
+  if (chunks > want)
+    chunks = want;
+  if (chunks > room)
+    chunks = room;
+  if (chunks > 65535)
+    chunks = 65535;
+  if (cblocks > 0x7fffffffu)
+    return -EINVAL; /* 2^36 columns: no such layer */
+  float *partial = chunks > 1 ? (float *)ws : NULL;
+  if (!partial)
+    chunks = 1;
+  size_t chunk = (rows + chunks - 1) / chunks;
+  dim3 grid((unsigned)cblocks, (unsigned)chunks), block(32, GS_RED_Y);
+  GS_DT_SWITCH(dt, D, colsum_k<D><<<grid, block, 0, ex->stream>>>(
+                          db, partial, (const typename st<D>::T *)x, rows, cols, chunk));
+  int rc = GS_LAUNCHED("colsum_add");
+  if (rc || !partial)
+    return rc;
+  colsum_finish_k<<<gs_cuda_blocks(cols), 256, 0, ex->stream>>>(db, partial, chunks, cols);
+  return GS_LAUNCHED("colsum_add (finish)");
 }
 
 template <int D>
