@@ -47,10 +47,16 @@ static uint32_t be32(const uint8_t *p) {
   return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* Make room for the current frame's body in d->body. */
-static int decoder_reserve(gs_wire_decoder *d) {
-  if (d->need <= d->body_cap && d->body) return 0;
-  uint32_t cap = d->need ? d->need : 1;
+/* Make room in d->body for `upto` bytes of the current frame's body. The
+ * buffer grows with what has arrived (doubling, from 64 KiB, never past the
+ * announced length), so a peer that announces 16 MiB and sends 10 bytes
+ * costs 64 KiB, not 16 MiB (fuzz_wire's finding). */
+static int decoder_reserve(gs_wire_decoder *d, uint32_t upto) {
+  if (upto <= d->body_cap && d->body) return 0;
+  uint32_t cap = d->body_cap ? d->body_cap : 65536;
+  while (cap < upto) cap = cap > UINT32_MAX / 2 ? UINT32_MAX : cap * 2;
+  if (cap > d->need) cap = d->need ? d->need : 1;
+  if (cap < upto) cap = upto;
   uint8_t *nb = realloc(d->body, cap);
   if (!nb) return -ENOMEM;
   d->body = nb;
@@ -87,11 +93,11 @@ int gs_wire_feed(gs_wire_decoder *d, const uint8_t *data, size_t len,
         if (rc) return rc;
         continue;
       }
-      int rc = decoder_reserve(d);
-      if (rc) return rc;
     }
     size_t take = d->need - d->have;
     if (take > len) take = len;
+    int grc = decoder_reserve(d, d->have + (uint32_t)take);
+    if (grc) return grc;
     if (take) memcpy(d->body + d->have, data, take);
     d->have += (uint32_t)take;
     data += take;

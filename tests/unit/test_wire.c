@@ -204,6 +204,39 @@ Test(wire, oversized_prefix_refused_before_allocation) {
   gs_wire_decoder_free(&d);
 }
 
+/* A frame announced at the limit but sent a few bytes at a time costs what
+ * has arrived, not what was announced; the body still arrives whole. */
+Test(wire, buffer_grows_with_what_arrives) {
+  const uint32_t n = 3u << 20; /* 3 MiB announced */
+  uint8_t *frame = malloc(4 + (size_t)n);
+  cr_assert_not_null(frame);
+  frame[0] = (uint8_t)(n >> 24), frame[1] = (uint8_t)(n >> 16), frame[2] = (uint8_t)(n >> 8),
+  frame[3] = (uint8_t)n;
+  for (uint32_t i = 0; i < n; i++) frame[4 + i] = (uint8_t)(i * 31u);
+  gs_wire_decoder d;
+  gs_wire_decoder_init(&d, GS_WIRE_MAX_FRAME);
+  sink s = {0};
+  cr_assert_eq(gs_wire_feed(&d, frame, 14, collect, &s), 0);
+  cr_expect_leq(d.body_cap, 65536u, "10 bytes of a 3 MiB frame took a %u-byte buffer",
+                d.body_cap);
+  size_t at = 14;
+  while (at < 4 + (size_t)n) {
+    size_t chunk = 4 + (size_t)n - at < 100000 ? 4 + (size_t)n - at : 100000;
+    cr_assert_eq(gs_wire_feed(&d, frame + at, chunk, collect, &s), 0);
+    at += chunk;
+    if (at < 4 + (size_t)n)
+      cr_assert_leq(d.body_cap, 2 * (at - 4) + 65536, "buffer %u after %zu bytes", d.body_cap,
+                    at - 4);
+  }
+  cr_assert_eq(s.n, 1);
+  cr_assert_eq(s.len[0], n);
+  cr_expect(memcmp(s.body[0], frame + 4, n) == 0, "the body arrived whole");
+  cr_expect_leq(d.body_cap, n, "never past the announced length");
+  sink_free(&s);
+  free(frame);
+  gs_wire_decoder_free(&d);
+}
+
 Test(wire, limit_is_inclusive) {
   /* a frame of exactly max bytes passes, max + 1 is refused */
   uint8_t buf[4 + 8] = {0, 0, 0, 8};
