@@ -22,6 +22,7 @@
 #include "datasets.h"
 #include "jobs.h"
 #include "log.h"
+#include "size.h"
 #include "wire.h"
 
 static int oom(call_ctx *c, gs_err *e) {
@@ -385,6 +386,23 @@ static void unknown_call_why(const Gpushare__V1__Request *rq, char *buf, size_t 
                       : " from a newer protocol");
 }
 
+/* max_job_spec: a submit's or plan's JobSpec, packed, before any handler
+ * reads it (a spec is stored with its job and read back at every restart). */
+static int spec_fits(const gs_daemon *d, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__JobSpec *spec = NULL;
+  if (rq->call_case == GPUSHARE__V1__REQUEST__CALL_SUBMIT) spec = rq->submit->spec;
+  else if (rq->call_case == GPUSHARE__V1__REQUEST__CALL_PLAN) spec = rq->plan->spec;
+  if (!spec) return 0;
+  size_t n = protobuf_c_message_get_packed_size(&spec->base);
+  if (n <= d->cfg.max_job_spec) return 0;
+  char sz[2][32];
+  return gs_err_set(e, GS_INVALID_ARGUMENT, "spec",
+                    "the job spec is %s (%zu bytes); this daemon takes job specs of at most %s "
+                    "(max_job_spec)",
+                    gs_size_format(n, sz[0], sizeof sz[0]), n,
+                    gs_size_format(d->cfg.max_job_spec, sz[1], sizeof sz[1]));
+}
+
 static int pack(Gpushare__V1__Response *resp, uint8_t **frame, size_t *len) {
   return gs_wire_frame(&resp->base, frame, len);
 }
@@ -420,7 +438,7 @@ int gs_rpc_handle(gs_daemon *d, gs_conn *conn, const gs_peer *peer, const uint8_
       call = &calls[k];
       if (gs_auth_identify(d->store, peer, d->have_admin_gid, d->admin_gid, &c.id, &e) == 0 &&
           gs_auth_check(peer, &c.id, call->need, call->name, &e) == 0 &&
-          call->fn(&c, rq, &e) == 0 && !c.ar.failed) {
+          spec_fits(d, rq, &e) == 0 && call->fn(&c, rq, &e) == 0 && !c.ar.failed) {
         resp.has_code = 1;
         resp.code = GPUSHARE__V1__CODE__OK;
       } else {

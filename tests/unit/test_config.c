@@ -80,6 +80,8 @@ Test(config, defaults) {
   cr_assert_eq(c.idle_timeout_s, 600);
   cr_assert_eq(c.max_frame, 16ull << 20);
   cr_assert_eq(c.max_upload, 1ull << 30);
+  cr_assert_eq(c.max_tenant_datasets, 16ull << 30);
+  cr_assert_eq(c.max_job_spec, 1ull << 20);
   cr_assert_str_eq(c.log_level, "info");
 }
 
@@ -115,6 +117,8 @@ Test(config, full_file) {
              "idle_timeout_s = 0\n"
              "max_frame = 4MiB\n"
              "max_upload = 2.5GB\n"
+             "max_tenant_datasets = 100GiB\n"
+             "max_job_spec = 64KiB\n"
              "log_level = debug"); /* no newline at the end */
   gs_config c;
   gs_config_defaults(&c);
@@ -135,6 +139,8 @@ Test(config, full_file) {
   cr_assert_eq(c.idle_timeout_s, 0);
   cr_assert_eq(c.max_frame, 4ull << 20);
   cr_assert_eq(c.max_upload, 2500000000ull);
+  cr_assert_eq(c.max_tenant_datasets, 100ull << 30);
+  cr_assert_eq(c.max_job_spec, 64ull << 10);
   cr_assert_str_eq(c.log_level, "debug");
 }
 
@@ -160,6 +166,8 @@ Test(config, empty_file) {
 Test(config, unknown_key) {
   expect_refusal("log_level = info\nmax_jobs = 4\n", 2, "max_jobs", "unknown key \"max_jobs\"",
                  "max_inflight");
+  /* The list of allowed keys is whole: the last ones are not cut off. */
+  expect_refusal("max_jobs = 4\n", 1, "max_jobs", "max_job_spec", "log_level");
 }
 
 Test(config, bad_size) {
@@ -168,6 +176,30 @@ Test(config, bad_size) {
   expect_refusal("max_frame = 32MiB\n", 1, "max_frame", "32MiB", "16.00 MiB");
   expect_refusal("max_frame = 100\n", 1, "max_frame", "\"100\"", "2.00 MiB to 16.00 MiB");
   expect_refusal("max_upload = 0\n", 1, "max_upload", "at least 1 B", NULL);
+}
+
+Test(config, dataset_and_spec_limits) {
+  expect_refusal("max_tenant_datasets = 0\n", 1, "max_tenant_datasets", "\"0\" is too small",
+                 "max_tenant_datasets must be at least 1 B");
+  expect_refusal("max_tenant_datasets = lots\n", 1, "max_tenant_datasets",
+                 "max_tenant_datasets: ", "lots");
+  expect_refusal("max_job_spec = 512\n", 1, "max_job_spec", "\"512\" is out of range",
+                 "max_job_spec allows 1.00 KiB to 16.00 MiB");
+  expect_refusal("max_job_spec = 17MiB\n", 1, "max_job_spec", "17MiB", "1.00 KiB to 16.00 MiB");
+  expect_refusal("log_level = info\nmax_job_spec = 4KiB\nmax_job_spec = 8KiB\n", 3,
+                 "max_job_spec", "set again (first on line 2)", NULL);
+  /* The bounds themselves are allowed. */
+  write_file("max_job_spec = 1KiB\nmax_tenant_datasets = 1\n");
+  gs_config c;
+  gs_config_defaults(&c);
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  cr_assert_eq(c.max_job_spec, 1024);
+  cr_assert_eq(c.max_tenant_datasets, 1);
+  write_file("max_job_spec = 16MiB\n");
+  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  cr_assert_eq(c.max_job_spec, 16ull << 20);
 }
 
 Test(config, bad_mode) {
@@ -304,6 +336,8 @@ Test(config, restart_needed) {
   b.idle_timeout_s = 5;
   b.max_frame = 1 << 20;
   b.max_upload = 1 << 20;
+  b.max_tenant_datasets = 1 << 20;
+  b.max_job_spec = 4096;
   cr_assert_null(gs_config_restart_needed(&a, &b));
   /* Fixed keys. */
   snprintf(b.socket_path, sizeof b.socket_path, "/run/other.sock");
