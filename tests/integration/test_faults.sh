@@ -189,4 +189,8 @@ done
 check_up "at the end" --final
 stop_daemon
 remains "after SIGTERM" 0
+# Under ASan+UBSan a report in any daemon's or executor's log is a failure.
+if grep -qE "runtime error:|AddressSanitizer|LeakSanitizer" "$T/daemon.log"; then
+  fail "sanitizer reports in the daemon log: $(grep -m3 -E 'runtime error:|Sanitizer' "$T/daemon.log")"
+else pass "no sanitizer report in the logs of the 21 daemons"; fi
 finish
