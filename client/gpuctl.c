@@ -1435,7 +1435,10 @@ static void job_show(const Gpushare__V1__Job *j) {
   printf("tenant:       %s\n", j->tenant ? j->tenant : "");
   printf("vdev:         %s%s%s%s\n", j->vdev ? j->vdev : "", j->device && *j->device ? " (device " : "",
          j->device && *j->device ? j->device : "", j->device && *j->device ? ")" : "");
-  printf("state:        %s\n", state_name(j->state));
+  printf("state:        %s%s\n", state_name(j->state),
+         j->cancel_requested && j->state == GPUSHARE__V1__JOB_STATE__RUNNING
+             ? " (cancel requested: stops at its next step)"
+             : "");
   if (j->reason && *j->reason) printf("reason:       %s\n", j->reason);
   printf("priority:     %" PRId32 "\n", j->priority);
   printf("submitted:    %s\n", ftime(j->submitted_unix));

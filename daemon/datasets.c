@@ -364,7 +364,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
   gs_daemon *d = c->d;
   char sizes[2][32];
   if (u->total && u->received != u->total)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "upload_dataset.total_bytes",
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "total_bytes",
                       "upload of %s announced %" PRIu64 " bytes but %" PRIu64
                       " arrived; nothing was kept",
                       u->name, u->total, u->received);
@@ -373,7 +373,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
   gs_sha256_final(&u->sha, dig);
   gs_sha256_hex(dig, hex);
   if (want_sha && *want_sha && strcmp(want_sha, hex) != 0)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "upload_dataset.sha256",
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "sha256",
                       "upload of %s has sha256 %s but the client computed %.64s; the data was "
                       "damaged on the way, nothing was kept",
                       u->name, hex, want_sha);

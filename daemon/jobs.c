@@ -60,7 +60,16 @@ typedef struct gs_job {
   bool cancel_requested;
   double device_seconds;
   watcher *watchers;
+  uint64_t epoch_saved_ms; /* loop time the last epoch end was stored and logged */
 } gs_job;
+
+/* A job's record keeps the metrics of its last GS_EPOCHS_KEPT epochs, and an
+ * epoch end is stored and logged at most once a second (the ones between are
+ * stored with the next write): a job of tiny epochs ends hundreds a second,
+ * and storing each, with its fsync and a record that grows with every epoch,
+ * stalled the loop for half a minute (test_limits saw it). */
+#define GS_EPOCHS_KEPT 1000
+#define GS_EPOCH_SAVE_MS 1000
 
 typedef struct vdev_live {
   char name[GS_NAME_MAX + 1];
@@ -453,6 +462,11 @@ static void append_epoch(gs_job *j, const Gpushare__V1__EpochMetrics *m) {
   r->epoch = p;
   Gpushare__V1__EpochMetrics *copy = msg_dup(&m->base);
   if (copy) r->epoch[r->n_epoch++] = copy;
+  if (r->n_epoch > GS_EPOCHS_KEPT) {
+    gpushare__v1__epoch_metrics__free_unpacked(r->epoch[0], NULL);
+    memmove(r->epoch, r->epoch + 1, (r->n_epoch - 1) * sizeof *r->epoch);
+    r->n_epoch--;
+  }
 }
 
 static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
@@ -475,8 +489,12 @@ static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
   if (ev->epoch_end) {
     /* An epoch ended: it becomes part of the record and the job's log. */
     append_epoch(j, ev->epoch_end);
-    persist(d, j);
-    log_event(d, j, &out);
+    uint64_t now = uv_now(d->loop);
+    if (!j->epoch_saved_ms || now - j->epoch_saved_ms >= GS_EPOCH_SAVE_MS) {
+      j->epoch_saved_ms = now;
+      persist(d, j);
+      log_event(d, j, &out);
+    }
   }
   broadcast(j, &out, false);
 }
@@ -660,7 +678,8 @@ int gs_jobs_init(gs_daemon *d, gs_err *e) {
     j->rec = rec;
     j->crashes = rows[i].crashes;
     j->placed = -1;
-    if (rec->state == GPUSHARE__V1__JOB_STATE__RUNNING) {
+    bool cancelled = rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && rec->cancel_requested;
+    if (rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && !cancelled) {
       j->resume_pending = true;
       resumed++;
     } else if (rec->state == GPUSHARE__V1__JOB_STATE__QUEUED) {
@@ -669,6 +688,13 @@ int gs_jobs_init(gs_daemon *d, gs_err *e) {
     if (job_put(d, j) < 0) {
       gpushare__v1__job__free_unpacked(rec, NULL);
       free(j);
+      continue;
+    }
+    if (cancelled) {
+      char why[600];
+      snprintf(why, sizeof why, "%s; gpushared stopped before the job did, so it ends here",
+               rec->reason && rec->reason[0] ? rec->reason : "cancelled");
+      job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, why);
     }
   }
   gs_job_rows_free(rows, n);
@@ -1229,6 +1255,12 @@ int gs_rpc_cancel(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
   if (j->placed >= 0) {
     j->cancel_requested = true;
+    /* Stored before the answer: a cancel acknowledged is a cancel kept,
+     * even when the daemon dies before the executor stops the job
+     * (gs_jobs_init ends such a job CANCELLED; test_faults). */
+    j->rec->has_cancel_requested = j->rec->cancel_requested = 1;
+    set_str(&j->rec->reason, who);
+    persist(d, j);
     Gpushare__Exec__V1__CancelJob cj = GPUSHARE__EXEC__V1__CANCEL_JOB__INIT;
     cj.has_job_id = 1;
     cj.job_id = j->rec->id;
