@@ -88,7 +88,7 @@
 #define PROGRESS_INTERVAL 0.25 /* seconds between two Progress of one job: ~4/s */
 #define STATS_INTERVAL 1.0     /* seconds between two Stats while jobs run */
 #define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
-#define FAIRSHARE_SLICE 0.01   /* see fairshare.h: device time between two switches */
+#define FAIRSHARE_SLICE 0.05   /* see fairshare.h: device time between two switches */
 #define OOM_SUGGESTIONS 4      /* what-would-fit lines in an OOM report */
 
 enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
