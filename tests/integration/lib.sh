@@ -93,3 +93,18 @@ finish() {
   echo "$((CHECKS - FAILS)) passed, $FAILS failed"
   [ "$FAILS" -eq 0 ]
 }
+
+# Where the tests and the protocol's .proto are (for protoc --encode).
+HERE=$(cd "$(dirname "$0")" && pwd)
+PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
+export GS_PROTO_DIR=$PROTO
+# need_protoc: a test that encodes jobs skips (77) where protoc is missing.
+need_protoc() { command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }; }
+# json_field EXPR: print d<EXPR> of the JSON document on stdin.
+json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+# wait_state ID STATE [SECONDS]: until job ID is in STATE (default 60 s).
+wait_state() {
+  local s; for _ in $(seq $((${3:-60} * 10))); do
+    s=$(ctl --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)
+    [ "$s" = "$2" ] && return 0; sleep 0.1; done
+  echo "job $1 is $s, not $2"; return 1; }

@@ -6,10 +6,7 @@
 # arguments.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-export GS_PROTO_DIR=$PROTO
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+need_protoc
 
 # Cases that fail because of a bug in a file this test's author may not
 # change: they are reported as "xfail" (and as a failure if they start to

@@ -8,7 +8,6 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 EXE=$(dirname "$GPUSHARED")/gpushare-executor
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
 
 out=$("$EXE" --list-devices); rc=$?
 [ "$rc" = 0 ] && pass "gpushare-executor --list-devices exits 0 ($out)" || fail "--list-devices exited $rc"

@@ -11,10 +11,7 @@
 # job it ran resumes.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+need_protoc
 # job NAME VDEV STEPS: a 784-256-10 MLP on synthetic data, checkpoints every 25 steps
 job() {
   cat >"$T/$1.txtpb" <<JOB

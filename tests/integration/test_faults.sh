@@ -16,9 +16,7 @@
 # drawn before anything runs, so a seed names the same schedule.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+need_protoc
 command -v sqlite3 >/dev/null || { echo "skip: the sqlite3 CLI is not installed"; exit 77; }
 RUN=${GS_BUILD_DIR:+$GS_BUILD_DIR/daemon/train/gpushare-run}
 [ -x "${RUN:-}" ] || RUN=$(dirname "$GPUSHARED")/train/gpushare-run

@@ -4,9 +4,7 @@
 # kill -9 in the middle of training, and metrics.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+need_protoc
 
 # job NAME TXTPB: encode a text JobSpec into $T/NAME.pb
 job() { printf '%s\n' "$2" >"$T/$1.txtpb"
@@ -20,12 +18,6 @@ train { synthetic { examples: 4096 seed: 7 classes: 4 } }
 test { synthetic { examples: 512 seed: 7 classes: 4 } }
 batch_size: 32 epochs: 10000 max_steps: $3 seed: 1 ${4:-checkpoint_every_steps: 20}
 optimizer { adam { learning_rate: 0.003 } }"; }
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
-wait_state() {  # wait_state ID STATE [SECONDS]
-  local s; for _ in $(seq $((${3:-60} * 10))); do
-    s=$(ctl --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)
-    [ "$s" = "$2" ] && return 0; sleep 0.1; done
-  echo "job $1 is $s, not $2"; return 1; }
 
 OUTD=$T/out; mkdir -p "$OUTD"; chmod 777 "$OUTD"   # where tenants write fetched files
 start_daemon

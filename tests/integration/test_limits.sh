@@ -8,17 +8,13 @@
 # nothing). Times are checked with wide margins only.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-export GS_PROTO_DIR=$PROTO
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+need_protoc
 [ "$(id -u)" -eq 0 ] || { echo "skip: needs root (clients act as tenant uids)"; exit 77; }
 
 L() { $PY "$HERE/limits_client.py" "$@"; }
 R() { $PY "$HERE/rawframe.py" "$SOCK" "$@"; }
 A() { ctl_as 4001 65534 "$@"; }
 val() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2" | head -n1; }   # val KEY OUTPUT
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
 wait_state() {  # wait_state ID STATE
   local s; for _ in $(seq 600); do
     s=$(A --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)

@@ -9,10 +9,7 @@
 # regions pass the device's usable bytes.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+need_protoc
 sed -i 's/^cpu_memory = .*/cpu_memory = 120MiB/' "$CONF"
 echo "memory_oversubscribe = yes" >>"$CONF"
 
@@ -28,11 +25,6 @@ optimizer { adam { learning_rate: 0.001 } }
 JOB
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
   chmod 644 "$T/$1.pb"; }
-wait_state() {  # wait_state ID STATE [SECONDS]
-  local s; for _ in $(seq $((${3:-60} * 10))); do
-    s=$(ctl --json status "$1" 2>/dev/null | json_field "['job']['state']" 2>/dev/null)
-    [ "$s" = "$2" ] && return 0; sleep 0.1; done
-  echo "job $1 is $s, not $2"; return 1; }
 A() { ctl_as 4001 65534 "$@"; }
 B() { ctl_as 4002 65534 "$@"; }
 

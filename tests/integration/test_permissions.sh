@@ -9,10 +9,7 @@
 # mode and group of the config.
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-export GS_PROTO_DIR=$PROTO
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
+need_protoc
 
 FILES=$T/files; mkdir -p "$FILES"; chmod 777 "$FILES"
 PEERS=(unknown other owner admin)   # the order each row runs in: admin last

@@ -8,10 +8,7 @@
 # checked (the instrumentation's cost is not the job's own).
 set -u
 . "$(dirname "$0")/lib.sh"
-HERE=$(cd "$(dirname "$0")" && pwd)
-PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
-command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }
-json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+need_protoc
 # metric NAME VDEV: one sample of gpuctl metrics
 metric() { ctl metrics | $PY -c "
 import sys
