@@ -24,25 +24,19 @@
 #include <zlib.h>
 
 #include "ckpt.h"
+#include "fuzz_tmp.h"
 
 static char tmpdir[4096];
 
 static void cleanup(void) {
-  char p[4200];
-  snprintf(p, sizeof p, "%s/ckpt", tmpdir);
-  unlink(p);
-  rmdir(tmpdir);
+  static const char *const files[] = {"ckpt"};
+  fuzz_tmpdir_remove(tmpdir, files, 1);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  const char *t = getenv("TMPDIR");
-  snprintf(tmpdir, sizeof tmpdir, "%s/gs-fuzz-ckpt-XXXXXX", t && *t ? t : "/tmp");
-  if (!mkdtemp(tmpdir)) {
-    perror("fuzz_ckpt: mkdtemp");
-    exit(1);
-  }
+  fuzz_tmpdir_make(tmpdir, sizeof tmpdir, "ckpt");
   atexit(cleanup);
   return 0;
 }

@@ -24,27 +24,19 @@
 #include <zlib.h>
 
 #include "data.h"
+#include "fuzz_tmp.h"
 
 static char tmpdir[4096];
 
 static void cleanup(void) {
-  char p[4200];
-  snprintf(p, sizeof p, "%s/images", tmpdir);
-  unlink(p);
-  snprintf(p, sizeof p, "%s/labels", tmpdir);
-  unlink(p);
-  rmdir(tmpdir);
+  static const char *const files[] = {"images", "labels"};
+  fuzz_tmpdir_remove(tmpdir, files, 2);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  const char *t = getenv("TMPDIR");
-  snprintf(tmpdir, sizeof tmpdir, "%s/gs-fuzz-idx-XXXXXX", t && *t ? t : "/tmp");
-  if (!mkdtemp(tmpdir)) {
-    perror("fuzz_idx: mkdtemp");
-    exit(1);
-  }
+  fuzz_tmpdir_make(tmpdir, sizeof tmpdir, "idx");
   atexit(cleanup);
   return 0;
 }

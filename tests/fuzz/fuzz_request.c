@@ -34,6 +34,7 @@
 #include "model.h"
 #include "plan.h"
 #include "store.h"
+#include "fuzz_tmp.h"
 #include "wire.h"
 
 /* gpushared's main.c defines this for server.c's SIGHUP reload, which the
@@ -51,24 +52,14 @@ static char tmpdir[4096];
 static void cleanup(void) {
   if (daemon_.store) gs_store_close(daemon_.store);
   daemon_.store = NULL;
-  const char *files[] = {"gpushared.db", "gpushared.db-wal", "gpushared.db-shm"};
-  char p[4200];
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    snprintf(p, sizeof p, "%s/%s", tmpdir, files[i]);
-    unlink(p);
-  }
-  rmdir(tmpdir);
+  static const char *const files[] = {"gpushared.db", "gpushared.db-wal", "gpushared.db-shm"};
+  fuzz_tmpdir_remove(tmpdir, files, sizeof files / sizeof files[0]);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  const char *t = getenv("TMPDIR");
-  snprintf(tmpdir, sizeof tmpdir, "%s/gs-fuzz-request-XXXXXX", t && *t ? t : "/tmp");
-  if (!mkdtemp(tmpdir)) {
-    perror("fuzz_request: mkdtemp");
-    exit(1);
-  }
+  fuzz_tmpdir_make(tmpdir, sizeof tmpdir, "request");
   snprintf(daemon_.cfg.state_dir, sizeof daemon_.cfg.state_dir, "%s", tmpdir);
   gs_err e;
   gs_err_clear(&e);

@@ -83,48 +83,9 @@ class Reader:
 
 
 def decode(body):
-    """id, code, message, result field number, and a watch's final flag."""
-    out = {"id": 0, "code": 0, "message": "", "field": "", "result": 0, "final": False}
-    i = 0
-    while i < len(body):
-        key, i = rawframe.read_varint(body, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = rawframe.read_varint(body, i)
-            if num == 1:
-                out["id"] = v
-            elif num == 2:
-                out["code"] = v
-        elif wt == 2:
-            n, i = rawframe.read_varint(body, i)
-            data = body[i:i + n]
-            i += n
-            if num == 3:
-                out["message"] = data.decode("utf-8", "replace")
-            elif num == 4:
-                out["field"] = data.decode("utf-8", "replace")
-            elif num >= 10:
-                out["result"] = num
-                if num == 26:  # WatchResponse: final = 2 (varint)
-                    j = 0
-                    while j < len(data):
-                        k, j = rawframe.read_varint(data, j)
-                        if k & 7 == 0:
-                            v, j = rawframe.read_varint(data, j)
-                            if k >> 3 == 2:
-                                out["final"] = bool(v)
-                        elif k & 7 == 2:
-                            m, j = rawframe.read_varint(data, j)
-                            j += m
-                        else:
-                            break
-        elif wt == 1:
-            i += 8
-        elif wt == 5:
-            i += 4
-        else:
-            break
-    out["codename"] = rawframe.CODES[out["code"]] if out["code"] < len(rawframe.CODES) else str(out["code"])
+    """rawframe's decoding, with the status code's name."""
+    out = rawframe.decode_response(body)
+    out["codename"] = rawframe.CODES[out["code"]] if 0 <= out["code"] < len(rawframe.CODES) else str(out["code"])
     return out
 
 

@@ -57,8 +57,26 @@ def encode_text(msg_type, text):
     return p.stdout
 
 
+def watch_final(data):
+    """A WatchResponse's `final` (field 2, varint)."""
+    j = 0
+    while j < len(data):
+        k, j = read_varint(data, j)
+        if k & 7 == 0:
+            v, j = read_varint(data, j)
+            if k >> 3 == 2:
+                return bool(v)
+        elif k & 7 == 2:
+            m, j = read_varint(data, j)
+            j += m
+        else:
+            break
+    return False
+
+
 def decode_response(body):
-    out = {"id": 0, "code": 0, "field": "", "message": "", "result": 0}
+    """id, code, field, message, the result's field number, a watch's final flag."""
+    out = {"id": 0, "code": 0, "field": "", "message": "", "result": 0, "final": False}
     i = 0
     while i < len(body):
         key, i = read_varint(body, i)
@@ -79,6 +97,8 @@ def decode_response(body):
                 out["field"] = data.decode("utf-8", "replace")
             elif num >= 10:
                 out["result"] = num
+                if num == 26:  # WatchResponse
+                    out["final"] = watch_final(data)
         elif wt == 1:
             i += 8
         elif wt == 5:
