@@ -82,8 +82,7 @@ struct gs_train {
   gs_exec *ex;
   const gs_dataset *train, *test;
   gs_train_options opt;
-  double device_seconds;      /* device time of every gs_train_steps call so far */
-  double last_device_seconds; /* and of the last one */
+  double last_device_seconds; /* device time of the last gs_train_steps call */
   gs_dtype dt;
   bool mixed, fp16;
   lstate *ls;
@@ -1370,22 +1369,15 @@ static int end_epoch(gs_train *t, gs_err *e) {
 
 /* The backend's device time (backend.h: timer_start/timer_stop), or the
  * wall time where a backend has no timer. */
-static double wall_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int device_timer_start(gs_train *t, double *wall0) {
-  *wall0 = wall_s();
+  *wall0 = now_s();
   return t->b->timer_start ? t->b->timer_start(t->ex) : 0;
 }
 
 static void device_timer_stop(gs_train *t, double wall0) {
   double d = 0;
-  if (!t->b->timer_start || t->b->timer_stop(t->ex, &d)) d = wall_s() - wall0;
+  if (!t->b->timer_start || t->b->timer_stop(t->ex, &d)) d = now_s() - wall0;
   t->last_device_seconds = d;
-  t->device_seconds += d;
 }
 
 static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
@@ -1469,7 +1461,6 @@ void gs_train_result_get(const gs_train *t, gs_train_result *r) {
   r->loss_scale = t->scale_host;
   r->skipped_steps = (uint64_t)t->skipped_host;
   r->cancelled = t->cancelled;
-  r->device_seconds = t->device_seconds;
 }
 
 const gs_model *gs_train_model(const gs_train *t) { return &t->model; }

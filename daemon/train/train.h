@@ -134,7 +134,6 @@ typedef struct gs_train_result {
   float loss_scale;
   uint64_t skipped_steps;
   bool cancelled;
-  double device_seconds;     /* device time of the steps (see gs_train_steps) */
 } gs_train_result;
 
 typedef struct gs_train gs_train;
