@@ -19,9 +19,10 @@
 
 #include "gs_error.h"
 
-/* Read when gpushared is started without --config; a missing file there
-   means "all defaults" (gpushared.service starts the daemon this way). A file
-   named with --config must exist. */
+/* Read when gpushared is started without --config, at start and again at
+   each SIGHUP; a missing file there means "all defaults" (gpushared.service
+   starts the daemon this way). A file named with --config must exist, at a
+   reload too. */
 #define GS_CONFIG_DEFAULT_PATH "/etc/gpushared.conf"
 
 typedef struct gs_config {

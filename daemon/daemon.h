@@ -24,7 +24,10 @@ typedef struct gs_jobs gs_jobs;
 
 typedef struct gs_daemon {
   gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
-  char config_path[4096];   /* "" when running on defaults */
+  char config_path[4096];   /* the file read; "" when running on defaults */
+  bool config_named;        /* --config named it, so it must exist at a reload too;
+                               false: GS_CONFIG_DEFAULT_PATH, and a missing one means
+                               defaults, at start and at a reload alike */
   gs_store *store;
   gs_devices devices;
   bool have_admin_gid;      /* false when cfg.admin_group does not exist */

@@ -186,6 +186,7 @@ int main(int argc, char **argv) {
   gs_err_clear(&e);
   gs_config_defaults(&d.cfg);
   const char *path = config ? config : GS_CONFIG_DEFAULT_PATH;
+  d.config_named = config != NULL;
   if (gs_config_load(path, &d.cfg, &e) == 0) {
     snprintf(d.config_path, sizeof d.config_path, "%s", path);
   } else if (config || e.code != GS_NOT_FOUND) {

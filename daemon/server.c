@@ -49,6 +49,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -658,29 +659,42 @@ void gs_server_drain(gs_server *s) {
   uv_unref((uv_handle_t *)&s->drain_timer);
 }
 
+/* SIGHUP: read the configuration again, as a restart would: the file named
+ * with --config (which must still exist), else GS_CONFIG_DEFAULT_PATH, whose
+ * absence means every default, as at start (so an operator of the unit,
+ * which starts the daemon without --config, can create the file and reload).
+ * The live keys are applied; the others keep their running values and the
+ * log says a restart is needed for them.
+ *
+ * on_signal has told systemd RELOADING=1, and sd_notify(3) wants READY=1
+ * once the reload is over, whatever came of it: without it the unit stays
+ * "reloading" and `systemctl reload` waits. So every way out of here sends
+ * READY=1, with a STATUS= line saying what happened. */
 static void reload(gs_server *s) {
   gs_daemon *d = s->d;
-  if (!d->config_path[0]) {
-    gs_info("SIGHUP: no config file in use; nothing to reload");
-    return;
-  }
-  gs_config neu = d->cfg;
+  const char *path = d->config_named ? d->config_path : GS_CONFIG_DEFAULT_PATH;
+  gs_config neu;
   gs_err e;
   gs_err_clear(&e);
   /* Re-read on top of the defaults, as at start, then keep the values the
-   * command line fixed (socket and state directory). */
+   * command line fixed (socket and state directory). A file that fails
+   * leaves neu untouched, at the defaults. */
   gs_config_defaults(&neu);
-  if (gs_config_load(d->config_path, &neu, &e) < 0) {
-    gs_error("SIGHUP: %s: %s; keeping the running configuration", e.field, e.msg);
-    return;
+  bool missing = false;
+  if (gs_config_load(path, &neu, &e) < 0) {
+    if (d->config_named || e.code != GS_NOT_FOUND) {
+      gs_error("SIGHUP: %s: %s; keeping the running configuration", e.field, e.msg);
+      gs_notifyf("READY=1\nSTATUS=reload refused: %s: %s; running configuration kept", e.field,
+                 e.msg);
+      return;
+    }
+    missing = true;
   }
+  bool had_file = d->config_path[0] != '\0';
   snprintf(neu.socket_path, sizeof neu.socket_path, "%s", d->cfg.socket_path);
   snprintf(neu.state_dir, sizeof neu.state_dir, "%s", d->cfg.state_dir);
   char *restart = gs_config_restart_needed(&d->cfg, &neu);
-  if (restart) {
-    gs_warn("SIGHUP: %s changed; that needs a restart, keeping the running value", restart);
-    free(restart);
-  }
+  if (restart) gs_warn("SIGHUP: %s changed; that needs a restart, keeping the running value", restart);
   /* Apply the keys that can change live. */
   snprintf(d->cfg.admin_group, sizeof d->cfg.admin_group, "%s", neu.admin_group);
   snprintf(d->cfg.log_level, sizeof d->cfg.log_level, "%s", neu.log_level);
@@ -702,14 +716,33 @@ static void reload(gs_server *s) {
   }
   accept_resume(s);
   gs_daemon_resolve_admin(d);
-  gs_info("SIGHUP: configuration reloaded from %s", d->config_path);
-  gs_notify("RELOADING=0\nREADY=1\nSTATUS=configuration reloaded");
+  char what[4200];
+  if (!missing) {
+    snprintf(what, sizeof what, "configuration reloaded from %s", path);
+    if (path != d->config_path) snprintf(d->config_path, sizeof d->config_path, "%s", path);
+  } else if (!had_file) {
+    snprintf(what, sizeof what, "no configuration file (%s does not exist); running on "
+             "defaults, nothing changed", path);
+  } else {
+    d->config_path[0] = '\0';
+    snprintf(what, sizeof what, "%s no longer exists; live settings back to their defaults",
+             path);
+  }
+  gs_info("SIGHUP: %s", what);
+  gs_notifyf("READY=1\nSTATUS=%s%s%s", what, restart ? "; restart needed for " : "",
+             restart ? restart : "");
+  free(restart);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
   gs_server *s = h->data;
   if (signum == SIGHUP) {
-    gs_notify("RELOADING=1");
+    /* MONOTONIC_USEC lets a Type=notify-reload manager (systemd >= 253) tell
+     * this reload from an earlier one; older ones ignore it. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    gs_notifyf("RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=reloading the configuration",
+               (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
     reload(s);
     return;
   }
