@@ -717,7 +717,7 @@ int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
   Gpushare__V1__OomReport *r = malloc(sizeof *r);
   if (!r) return gs_err_set(e, GS_INTERNAL, "", "out of host memory"), -ENOMEM;
   gpushare__v1__oom_report__init(r);
-  char a[32], bb[32], c[32], d[32];
+  char a[32], bb[32], c[32], d[32], l[32];
   r->layer = strdup(f->layer);
   r->role = strdup(gs_role_name(f->role));
   r->shape = strdup(f->shape);
@@ -745,17 +745,64 @@ int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
         f->layer, gs_role_name(f->role));
     fit_limit = st->reserved;
     break;
-  case GS_OOM_FRAGMENTATION:
+  case GS_OOM_FRAGMENTATION: {
     r->cause = GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION;
+    /* What the job as planned needs, to say only what is true of it. */
+    gs_plan jp;
+    gs_err e2;
+    gs_err_clear(&e2);
+    bool planned = spec && gs_plan_job(spec, b, &jp, &e2) == 0;
+    bool fits_pre = planned && gs_plan_fits(&jp, st->limit, GS_POLICY_PREALLOCATE);
+    bool fits_grow = planned && gs_plan_fits(&jp, st->limit, GS_POLICY_GROWTH);
+    if (planned) gs_plan_free(&jp);
+    const char *tail;
+    if (st->reserved < (st->limit & ~(uint64_t)(GS_ALLOC_ALIGN - 1))) {
+      /* Part of the limit is unreserved, so this is a GROWTH vdev (a
+       * preallocated one reserves all of it at creation): the free bytes
+       * are split between its regions and the unreserved rest, and a
+       * tensor cannot span two regions. Suggest what fits this layout. */
+      if (fits_pre)
+        tail = "The job's total is under the limit: a preallocate vdev of this limit (one "
+               "region) would run it, and so would a smaller micro-batch (what fits, below) "
+               "on this growth vdev.";
+      else if (planned)
+        tail = "The job as planned needs more than the limit in any layout, so it must "
+               "shrink: what fits below fits this growth vdev.";
+      else
+        tail = "A preallocate vdev reserves the whole limit as one region and has no such "
+               "boundaries.";
+      r->explanation = dupf(
+          "a growth vdev reserves its memory in regions as the job asks for it (2 MiB, then "
+          "twice the last, capped by what the limit leaves) and a tensor cannot span two "
+          "regions: %s (%s of %s) needs %s in one block, but the largest free block of the "
+          "%s reserved is %s and the %s of the %s limit still unreserved cannot hold it "
+          "either. %s",
+          f->tensor, gs_role_name(f->role), f->layer, sz(need, a), sz(st->reserved, bb),
+          sz(st->largest_free, c), sz(st->limit - st->reserved, d), sz(st->limit, l), tail);
+      break; /* fit_limit stays the limit: gs_plan_suggest lays each candidate out in
+                growth regions, so what it suggests fits this vdev */
+    }
+    /* The whole limit is reserved: the free bytes lie in holes between live
+     * blocks (or, on a growth vdev, between its regions). */
+    if (fits_grow)
+      tail = " The job as planned fits the limit; on a vdev without holes (nothing else "
+             "allocated in it) it would run.";
+    else if (fits_pre)
+      tail = " The job as planned fits a preallocate vdev of this limit with nothing else "
+             "allocated in it, though not a growth vdev's regions.";
+    else if (planned)
+      tail = " The job as planned needs more than the limit, so it must shrink anyway.";
+    else
+      tail = "";
     r->explanation = dupf(
         "the vdev has %s free in total but its largest free block is %s, smaller than the "
         "%s that %s (%s of %s) needs: free memory is fragmented (%.0f%%) and this vdev "
-        "cannot reserve more. The job as planned fits the limit; on a vdev without holes "
-        "(nothing else allocated in it) it would run.",
+        "cannot reserve more.%s",
         sz(st->total_free, a), sz(st->largest_free, bb), sz(need, c), f->tensor,
-        gs_role_name(f->role), f->layer, st->fragmentation * 100.0);
+        gs_role_name(f->role), f->layer, st->fragmentation * 100.0, tail);
     fit_limit = st->largest_free;
     break;
+  }
   default:
     r->cause = GPUSHARE__V1__OOM_CAUSE__QUOTA;
     r->explanation = dupf(

@@ -122,8 +122,10 @@ int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out);
  * vdev's numbers at the failure, the cause (QUOTA / PHYSICAL /
  * FRAGMENTATION) with an explanation for an ML engineer, and what would fit
  * (gs_plan_suggest for `spec`, the job as it was created, against the
- * vdev's limit for QUOTA, the bytes the vdev could reserve for PHYSICAL, the
- * largest free block for FRAGMENTATION). `spec` may be NULL (no
+ * vdev's limit for QUOTA, the bytes the vdev could reserve for PHYSICAL; for
+ * FRAGMENTATION the limit, laid out in growth regions, when part of the limit
+ * is unreserved (a growth vdev whose regions and unreserved rest each fall
+ * short of the tensor), else the largest free block). `spec` may be NULL (no
  * suggestions); `vdev_name` may be NULL. Everything in *out is malloc'd:
  * free with gs_plan_oom_report_free (= gpushare__v1__oom_report__free_unpacked).
  * Returns 0, -EINVAL (f is not an OOM) or -ENOMEM, with e filled. */

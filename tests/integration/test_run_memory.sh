@@ -4,7 +4,8 @@
 # --auto-fit (or the spec's auto_fit) it runs at the chosen micro-batch and
 # accumulation, keeps the effective batch and its measured peak stays under
 # the limit and equals the plan; forced run-time OOMs print the report with
-# the right cause (QUOTA past admission, PHYSICAL on a device that runs out).
+# the right cause (QUOTA past admission, PHYSICAL on a device that runs out,
+# FRAGMENTATION where a growth vdev's regions leave no room for one buffer).
 # Arguments: $1 gpushared $2 gpuctl (unused: gpushare-run needs no daemon).
 set -u
 BUILD=${GS_BUILD_DIR:-$(cd "$(dirname "$0")/../../build" && pwd)}
@@ -56,6 +57,11 @@ encode() { "$PROTOC" --encode=gpushare.v1.JobSpec --proto_path="$SRC/proto" gpus
 encode "$T/conv.txtpb" "$T/conv.pb" || { fail "protoc could not encode the test job"; exit 1; }
 { cat "$T/conv.txtpb"; echo "auto_fit: true"; } >"$T/conv-autofit.txtpb"
 encode "$T/conv-autofit.txtpb" "$T/conv-autofit.pb"
+# The same job at micro-batch 32 x 2 accumulation steps: its 4.5 MiB
+# workspace comes after 2.3 MiB of other buffers, past a growth vdev's first
+# regions (2 MiB, then 4 MiB).
+sed 's/^batch_size: 64$/batch_size: 32\naccumulation_steps: 2/' "$T/conv.txtpb" >"$T/conv32.txtpb"
+encode "$T/conv32.txtpb" "$T/conv32.pb"
 
 # 1. The plan of a shipped example, as a table and as JSON.
 MLP=$BUILD/examples/fashion-mlp.pb
@@ -136,6 +142,38 @@ rc=$?
   pass "PHYSICAL report when the device runs out before the limit" || fail "PHYSICAL: exit $rc: $(cat "$T/phys.err")"
 [ "$(json "$T/phys.out" oom.cause 2>/dev/null)" = "PHYSICAL" ] && pass "JSON oom.cause PHYSICAL" ||
   fail "JSON oom: $(tail -1 "$T/phys.out")"
+
+# A growth vdev holding only this job, whose regions leave no single one for
+# its largest buffer though its total fits: FRAGMENTATION, explained as the
+# growth layout (not as holes), with a suggestion that fits a growth vdev.
+"$RUN" "$T/conv32.pb" --plan --json >"$T/plan32.json" 2>&1
+PEAK32=$(json "$T/plan32.json" peak_bytes 2>/dev/null)
+if [[ "$PEAK32" =~ ^[0-9]+$ ]]; then
+  L32=$((PEAK32 * 11 / 10))
+  "$RUN" "$T/conv32.pb" --plan --json --memory-limit "$L32" >"$T/plan32l.json" 2>&1
+  [ "$(json "$T/plan32l.json" fits 2>/dev/null)" = "false" ] &&
+    [ "$(json "$T/plan32l.json" fits_preallocate 2>/dev/null)" = "true" ] &&
+    pass "32 x 2 at $L32 fits a preallocate vdev, not a growth one (the case's premise)" ||
+    fail "premise: $(tail -1 "$T/plan32l.json")"
+  "$RUN" "$T/conv32.pb" --memory-limit "$L32" --no-admission --max-steps 2 --json >"$T/frag.out" 2>"$T/frag.err"
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(json "$T/frag.out" oom.cause 2>/dev/null)" = "FRAGMENTATION" ] &&
+    grep -q "out of memory: FRAGMENTATION" "$T/frag.err" &&
+    pass "growth layout OOM: exit 1, cause FRAGMENTATION" || fail "growth layout OOM: exit $rc: $(cat "$T/frag.err")"
+  grep -q "a growth vdev reserves its memory in regions" "$T/frag.err" &&
+    grep -q "cannot span two regions" "$T/frag.err" && grep -q "a preallocate vdev of this limit" "$T/frag.err" &&
+    pass "the report explains the growth regions" || fail "growth explanation: $(cat "$T/frag.err")"
+  grep -q "without holes" "$T/frag.err" && fail "the report claims the job would run on this vdev without holes" ||
+    pass "no claim that the job would run on an empty vdev of this kind"
+  "$RUN" "$T/conv32.pb" --memory-limit "$L32" --auto-fit --max-steps 2 --json >"$T/fit32.out" 2>&1
+  rc=$?
+  MB32=$(json "$T/fit32.out" batch_size 2>/dev/null); ACC32=$(json "$T/fit32.out" accumulation_steps 2>/dev/null)
+  [ $rc -eq 0 ] && grep -q "^  fits     micro-batch $MB32 x $ACC32 " "$T/frag.err" &&
+    pass "the report suggests micro-batch $MB32 x $ACC32, what --auto-fit runs at this limit" ||
+    fail "suggestion vs --auto-fit ($rc, $MB32 x $ACC32): $(grep -A2 '^  fits' "$T/frag.err")"
+else
+  fail "--plan --json of the 32 x 2 job: $(cat "$T/plan32.json")"
+fi
 
 # 6. Bad values are usage errors.
 "$RUN" "$T/conv.pb" --memory-limit 12XB >/dev/null 2>"$T/bad.err"; rc=$?
