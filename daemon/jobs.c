@@ -913,7 +913,17 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
   return 0;
 }
 
-static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit) {
+/* The vdev's allocator policy, as the planner takes it: what fits a vdev
+ * depends on it (a growth vdev's regions can leave no room for a large
+ * buffer that a preallocated vdev of the same limit holds). */
+static gs_alloc_policy vdev_policy(const gs_vdev *v) {
+  return v->policy == GS_POLICY_GROWTH ? GS_POLICY_GROWTH : GS_POLICY_PREALLOCATE;
+}
+
+/* The plan as a message; fits is judged for a vdev of `limit` bytes and
+ * `policy` (always true without a limit). */
+static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
+                                    gs_alloc_policy policy) {
   Gpushare__V1__Plan *m = AR_MSG(a, Gpushare__V1__Plan, GPUSHARE__V1__PLAN__INIT);
   if (!m) return NULL;
   m->row = ar_alloc(a, (p->n_rows + 1) * sizeof *m->row);
@@ -944,7 +954,7 @@ static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit) 
   m->accumulation_steps = p->accumulation_steps;
   m->precision = (Gpushare__V1__Precision)p->precision;
   m->limit_bytes = limit;
-  m->fits = limit == 0 || p->peak_bytes <= limit;
+  m->fits = gs_plan_fits(p, limit, policy);
   char *text = gs_plan_format(p, limit);
   if (text) {
     m->summary = ar_strdup(a, text);
@@ -989,11 +999,13 @@ int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__PlanRequest *r = rq->plan;
   if (!r->spec) return gs_err_set(e, GS_INVALID_ARGUMENT, "spec", "no job spec given");
   uint64_t limit = 0;
+  gs_alloc_policy policy = GS_POLICY_GROWTH; /* no vdev, no limit: it fits */
   const char *vname = r->vdev && *r->vdev ? r->vdev : r->spec->vdev;
   if (vname && *vname) {
     gs_vdev v;
     if (job_vdev(c, vname, "vdev", &v, e) < 0) return -1;
     limit = v.memory_limit;
+    policy = vdev_policy(&v);
   }
   gs_plan p;
   if (gs_plan_job(r->spec, device_backend(), &p, e) < 0) {
@@ -1002,7 +1014,7 @@ int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   }
   Gpushare__V1__PlanResponse *m =
       AR_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
-  if (m) m->plan = plan_msg(&c->ar, &p, limit);
+  if (m) m->plan = plan_msg(&c->ar, &p, limit, policy);
   gs_plan_free(&p);
   if (!m || !m->plan) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT;
@@ -1065,12 +1077,13 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
   gs_admission adm;
   bool auto_fit = spec->has_auto_fit && spec->auto_fit;
-  if (gs_plan_admit(spec, device_backend(), v.memory_limit, auto_fit, &adm, e) < 0) {
+  if (gs_plan_admit_policy(spec, device_backend(), v.memory_limit, vdev_policy(&v), auto_fit,
+                           &adm, e) < 0) {
     gs_err_prefix(e, "spec");
     return -1;
   }
   if (!adm.fits) {
-    c->resp->plan = plan_msg(&c->ar, &adm.plan, v.memory_limit);
+    c->resp->plan = plan_msg(&c->ar, &adm.plan, v.memory_limit, vdev_policy(&v));
     gs_err_set(e, GS_RESOURCE_EXHAUSTED, "spec.batch_size", "%s", adm.why);
     gs_admission_free(&adm);
     return -1;
@@ -1143,7 +1156,7 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
       AR_MSG(&c->ar, Gpushare__V1__SubmitResponse, GPUSHARE__V1__SUBMIT_RESPONSE__INIT);
   if (m) {
     m->job = job_view(&c->ar, j, false);
-    m->plan = plan_msg(&c->ar, &adm.plan, v.memory_limit);
+    m->plan = plan_msg(&c->ar, &adm.plan, v.memory_limit, vdev_policy(&v));
   }
   gs_admission_free(&adm);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");

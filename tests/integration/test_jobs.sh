@@ -23,7 +23,7 @@ OUTD=$T/out; mkdir -p "$OUTD"; chmod 777 "$OUTD"   # where tenants write fetched
 start_daemon
 expect_ok "tenant a" ctl tenant create a --uid 4001 --max-running 4 --max-queued 3
 expect_ok "tenant b" ctl tenant create b --uid 4002
-expect_ok "vdev a0 (256 MiB)" ctl vdev create a0 --memory 256MiB --compute 75 --policy growth --tenant a
+expect_ok "vdev a0 (256 MiB)" ctl vdev create a0 --memory 256MiB --compute 65 --policy growth --tenant a
 expect_ok "vdev b0 (256 MiB)" ctl vdev create b0 --memory 256MiB --compute 25 --policy growth --tenant b
 A() { ctl_as 4001 65534 "$@"; }
 B() { ctl_as 4002 65534 "$@"; }
@@ -85,6 +85,39 @@ bid=$(B --json list | json_field "['job'][-1]['id']")
 B --json status "$bid" >"$T/big.json"
 mb=$(json_field "['job']['micro_batch']" <"$T/big.json"); acc=$(json_field "['job']['accumulation_steps']" <"$T/big.json")
 [ "$mb" -lt 1024 ] && [ $((mb * acc)) = 1024 ] && pass "auto_fit chose micro-batch $mb x $acc (effective 1024)" || fail "auto_fit: $mb x $acc"
+
+# --- admission by the vdev's policy: a job that fits a preallocate vdev of
+# exactly its planned peak, but not a growth vdev of that size, whose regions
+# (2 MiB, then 4 MiB, then the rest) hold no block for its 4.5 MiB workspace.
+# (a0 leaves compute share 10 of the cpu device for these two vdevs.)
+conv32() { job "$1" "name: \"$1\" vdev: \"$2\"
+model { input { height: 16 width: 16 channels: 1 }
+  layer { conv2d { filters: 16 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { conv2d { filters: 16 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { flatten {} } layer { dense { units: 4 } } }
+train { synthetic { examples: 512 seed: 3 classes: 4 } }
+batch_size: 32 accumulation_steps: 2 max_steps: 3 seed: 1
+optimizer { adam { learning_rate: 0.001 } }"; }
+conv32 probe32 b0; conv32 pre32 b1; conv32 grow32 b2
+peak=$(B --json plan "$T/probe32.pb" | json_field "['plan']['peak_bytes']")
+expect_ok "vdev b1: preallocate, exactly the job's planned peak ($peak bytes)" \
+  ctl vdev create b1 --memory "$peak" --compute 5 --policy preallocate --tenant b
+expect_ok "vdev b2: growth, the same size" ctl vdev create b2 --memory "$peak" --compute 5 --policy growth --tenant b
+[ "$(B --json plan "$T/pre32.pb" --vdev b1 | json_field "['plan']['fits']")" = True ] &&
+  pass "gpuctl plan --vdev b1: fits the preallocate vdev" || fail "plan --vdev b1: $(B --json plan "$T/pre32.pb" --vdev b1 | head -c 300)"
+[ "$(B --json plan "$T/grow32.pb" --vdev b2 | json_field "['plan']['fits']")" = False ] &&
+  pass "gpuctl plan --vdev b2: does not fit the growth vdev" || fail "plan --vdev b2: $(B --json plan "$T/grow32.pb" --vdev b2 | head -c 300)"
+expect_ok "admitted on the preallocate vdev as submitted, and runs to success" B submit "$T/pre32.pb" --watch
+pid32=$(B --json list | json_field "['job'][-1]['id']")
+B --json status "$pid32" >"$T/pre32.json"
+[ "$(json_field "['job']['micro_batch']" <"$T/pre32.json") x $(json_field "['job']['accumulation_steps']" <"$T/pre32.json")" = "32 x 2" ] &&
+  [ "$(json_field "['job']['state']" <"$T/pre32.json")" = SUCCEEDED ] &&
+  pass "it ran at micro-batch 32 x 2 and SUCCEEDED" || fail "preallocate job: $(head -c 400 "$T/pre32.json")"
+expect_fail "refused on the growth vdev of the same size" 1 RESOURCE_EXHAUSTED B submit "$T/grow32.pb"
+[[ "$LAST_OUT" == *"growth vdev reserves its memory in regions"* ]] &&
+  pass "the refusal names the growth regions" || fail "growth refusal: $LAST_OUT"
+expect_ok "vdev b1 deleted" ctl vdev delete b1
+expect_ok "vdev b2 deleted" ctl vdev delete b2
 
 # --- quotas: max_queued, max_running -----------------------------------------
 expect_ok "quota: a may run 1 job" ctl quota set a --max-running 1 --max-queued 2
