@@ -9,6 +9,7 @@
 #define GS_KERNELS_CPU_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,13 +29,20 @@ struct gs_exec {
   int threads;            /* threads this job's ops may use, caller included */
   int nworkers;           /* pool threads (threads - 1) actually started */
   struct gs_cpu_worker *workers; /* the pool, started at exec_create */
-  pthread_mutex_t mu;     /* guards everything below */
-  pthread_cond_t wake;    /* a new range was posted (gen changed) or stop */
-  pthread_cond_t done;    /* pending reached 0 */
-  uint64_t gen;           /* bumped for each posted range */
-  int pending;            /* workers still running the current range */
-  bool stop;              /* exec_destroy asked the pool to leave */
-  gs_cpu_range_fn fn;     /* the current range's function */
+  /* Posting a range and waiting for it spin first and sleep only after
+   * GS_CPU_SPIN_NS: a training step posts one range every few hundred
+   * microseconds, and a futex wake-up of a sleeping worker costs tens of
+   * them on a virtual machine. The atomics below are the fast path; mu and
+   * the condition variables are for a thread that gave up spinning. */
+  _Atomic uint64_t gen;   /* bumped (release) once a range is posted */
+  _Atomic int pending;    /* workers still running the current range */
+  _Atomic int sleepers;   /* workers blocked on `wake` */
+  _Atomic bool waiting;   /* the caller is blocked on `done` */
+  _Atomic bool stop;      /* exec_destroy asked the pool to leave */
+  pthread_mutex_t mu;     /* pairs with wake and done, guards no data */
+  pthread_cond_t wake;    /* gen changed or stop, for sleeping workers */
+  pthread_cond_t done;    /* pending reached 0, for a sleeping caller */
+  gs_cpu_range_fn fn;     /* the current range's function (published by gen) */
   void *ctx;              /* and its argument */
   size_t n;               /* items in the current range */
   int parts;              /* parts it is split into (part 0 is the caller's) */
@@ -69,6 +77,29 @@ static inline void *gs_cpu_at_mut(gs_dtype dt, void *p, size_t i) {
 
 /* Channel block that inner loops keep on the stack (floats). */
 #define GS_CPU_CB 128
+/* Floats in one AVX vector: the block of loops written for registers. */
+#define GS_CPU_VB 8
+
+/* The hot loops of the cpu backend are built twice, for x86-64-v3 (AVX2,
+ * FMA) and for the baseline, and the loader picks one per machine (an
+ * ifunc), so the package runs anywhere and uses the wide vectors where they
+ * exist. Both clones compute the same bits: -std=c11 keeps the compiler from
+ * contracting a * b + c into an FMA (-ffp-contract=off), and without
+ * -ffast-math it never reorders a sum, so only the vector width differs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(GS_NO_TARGET_CLONES)
+#define GS_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define GS_CPU_HOT
+#endif
+
+/* GS_CPU_VB floats as one value (GCC's vector extension: one AVX register
+ * in an x86-64-v3 clone, two SSE registers in the baseline one). Loads and
+ * stores go through memcpy, so they need no alignment. Macros, not
+ * functions: a vector passed by value would change the calling convention
+ * between the clones. */
+typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
+#define GS_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(gs_v8))
+#define GS_V8_STORE(p, v) memcpy((p), &(v), sizeof(gs_v8))
 
 /* Ops, one group a file (cpu_dense.c, cpu_conv.c, cpu_elem.c). */
 size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
