@@ -17,10 +17,15 @@
  * on store.
  *
  * Depthwise, pooling and GAP are direct loops with the channel innermost,
- * as NHWC lays it out: a block of up to GS_CPU_CB channels is accumulated
- * on the stack and the compiler vectorises across it. Forward ops split
+ * as NHWC lays it out: pooling and GAP accumulate a block of up to
+ * GS_CPU_CB channels on the stack and the compiler vectorises across it;
+ * depthwise in fp32 keeps up to 64 channels in vector registers (gs_v8),
+ * the rest runs the same loops a block of 8 at a time. Forward ops split
  * output rows over threads; depthwise dw/db split channels (each thread
- * owns its slice of dw, so no reduction), din splits input rows.
+ * owns its slice of dw, so no reduction), din splits input rows. The hot
+ * loops are built for AVX2 and for the baseline (GS_CPU_HOT). im2col
+ * copies each window row that lies inside the image as one run: its taps
+ * read consecutive input pixels.
  */
 #include <string.h>
 
@@ -50,6 +55,16 @@ static inline const float *load_block(gs_dtype dt, const void *p, size_t i, floa
     return (const float *)p + i;
   gs_cpu_load_f32(dt, gs_cpu_at(dt, p, i), tmp, (size_t)cb);
   return tmp;
+}
+
+/* Taps [*k0, *k1) of a k-tap window whose first tap reads input index
+ * o * stride - pad: the ones inside [0, n). */
+static inline void tap_range(long o, long stride, long pad, long k, long n, long *k0, long *k1) {
+  long base = o * stride - pad;
+  *k0 = base < 0 ? -base : 0;
+  *k1 = n - base < k ? n - base : k;
+  if (*k1 < *k0)
+    *k1 = *k0;
 }
 
 /* ---- conv2d ---- */
@@ -84,34 +99,41 @@ struct im2col_job {
   long n0; /* first image of the chunk */
 };
 
-/* rows [lo, hi) of the chunk: one output pixel each, KH*KW*C wide */
-static void im2col_part(void *ctx, size_t lo, size_t hi) {
+static inline void fill0(float *restrict d, long n) {
+  for (long i = 0; i < n; i++)
+    d[i] = 0.0f;
+}
+
+/* rows [lo, hi) of the chunk: one output pixel each, KH*KW*C wide. The
+ * taps of one window row that fall inside the image read consecutive input
+ * pixels, so each window row is one copy (and the rest zeros). */
+GS_CPU_HOT static void im2col_part(void *ctx, size_t lo, size_t hi) {
   const struct im2col_job *j = ctx;
   const geo *g = j->g;
-  long p = g->oh * g->ow, k = g->kh * g->kw * g->c;
+  long p = g->oh * g->ow, k = g->kh * g->kw * g->c, rowlen = g->kw * g->c;
   for (long r = (long)lo; r < (long)hi; r++) {
-    long img = j->n0 + r / p, q = r % p, oy = q / g->ow, ox = q % g->ow;
+    long img = j->n0 + r / p, q = r % p, oy = q / g->ow, ox = q % g->ow, ky0, ky1, kx0, kx1;
+    tap_range(oy, g->stride, g->pt, g->kh, g->h, &ky0, &ky1);
+    tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
     float *dst = j->col + (size_t)r * (size_t)k;
-    for (long ky = 0; ky < g->kh; ky++) {
-      long iy = oy * g->stride - g->pt + ky;
-      if (iy < 0 || iy >= g->h) {
-        memset(dst, 0, sizeof(float) * (size_t)(g->kw * g->c));
-        dst += g->kw * g->c;
-        continue;
+    fill0(dst, ky0 * rowlen);
+    for (long ky = ky0; ky < ky1; ky++) {
+      long iy = oy * g->stride - g->pt + ky, ix0 = ox * g->stride - g->pl + kx0;
+      float *d = dst + ky * rowlen;
+      size_t at = (size_t)(((img * g->h + iy) * g->w + ix0) * g->c);
+      long len = (kx1 - kx0) * g->c;
+      fill0(d, kx0 * g->c);
+      if (j->dt == GS_F32) {
+        float *restrict dd = d + kx0 * g->c;
+        const float *restrict src = (const float *)j->in + at;
+        for (long i = 0; i < len; i++)
+          dd[i] = src[i];
+      } else {
+        gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, j->in, at), d + kx0 * g->c, (size_t)len);
       }
-      for (long kx = 0; kx < g->kw; kx++, dst += g->c) {
-        long ix = ox * g->stride - g->pl + kx;
-        if (ix < 0 || ix >= g->w)
-          memset(dst, 0, sizeof(float) * (size_t)g->c);
-        else if (j->dt == GS_F32) { /* inline: C is often 1 or 3 here */
-          const float *src = (const float *)j->in + (((img * g->h + iy) * g->w + ix) * g->c);
-          for (long c = 0; c < g->c; c++)
-            dst[c] = src[c];
-        } else
-          gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, j->in, (size_t)(((img * g->h + iy) * g->w + ix) * g->c)),
-                          dst, (size_t)g->c);
-      }
+      fill0(d + kx1 * g->c, (g->kw - kx1) * g->c);
     }
+    fill0(dst + ky1 * rowlen, (g->kh - ky1) * rowlen);
   }
 }
 
@@ -131,7 +153,7 @@ struct col2im_job {
 
 /* input rows [lo, hi) of the chunk (image-major): gather every window
  * element that read each input pixel */
-static void col2im_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void col2im_part(void *ctx, size_t lo, size_t hi) {
   const struct col2im_job *j = ctx;
   const geo *g = j->g;
   long k = g->kh * g->kw * g->c;
@@ -292,38 +314,107 @@ struct dw_job {
   float *dw, *db;
 };
 
+/* Depthwise loops run over blocks of GS_CPU_VB channels, the width of one
+ * AVX vector: each block body is written once (always_inline) and called
+ * with the constant GS_CPU_VB, so the compiler unrolls it into vector
+ * instructions and keeps the block's accumulators in registers, and once
+ * more for the last C % GS_CPU_VB channels. Every output still adds its
+ * terms in the same order (bias, then the taps row by row), so a block's
+ * results are those of the plain loop, bit for bit. */
+
+/* Blocks the fp32 loops take at once (64 channels: a quarter of the
+ * registers as accumulators). */
+#define DW_CHUNK 8
+
+
+/* acc (cb) as dt at p[i]: fp32 in place, 16 bits through one rounding */
+static inline void store_block(gs_dtype dt, void *p, size_t i, const float *acc, long cb) {
+  if (dt == GS_F32) {
+    float *o = (float *)p + i;
+    for (long c = 0; c < cb; c++)
+      o[c] = acc[c];
+    return;
+  }
+  float v[GS_CPU_VB]; /* acc stays unescaped, so it can live in registers */
+  for (long c = 0; c < cb; c++)
+    v[c] = acc[c];
+  gs_cpu_store_f32(dt, gs_cpu_at_mut(dt, p, i), v, (size_t)cb);
+}
+
+/* out at (img, oy, ox), channels [c0, c0 + cb), taps [ky0, ky1) x [kx0, kx1) */
+static inline __attribute__((always_inline)) void
+dw_fwd_block(const struct dw_job *j, long img, long oy, long ox, long ky0, long ky1, long kx0,
+             long kx1, long c0, long cb) {
+  const geo *g = j->g;
+  float acc[GS_CPU_VB], tmp[GS_CPU_VB];
+  for (long c = 0; c < cb; c++)
+    acc[c] = j->bf ? j->bf[c0 + c] : 0.0f;
+  for (long ky = ky0; ky < ky1; ky++) {
+    long iy = oy * g->stride - g->pt + ky;
+    for (long kx = kx0; kx < kx1; kx++) {
+      long ix = ox * g->stride - g->pl + kx;
+      const float *x = load_block(j->dt, j->src,
+                                  (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
+      const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
+      for (long c = 0; c < cb; c++)
+        acc[c] += x[c] * wr[c];
+    }
+  }
+  store_block(j->dt, j->dst, (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), acc, cb);
+}
+
+/* the same for fp32 and nb <= DW_CHUNK whole blocks from c0: the
+ * accumulators stay in registers, and each tap reads all nb blocks of its
+ * input row at once */
+static inline __attribute__((always_inline)) void
+dw_fwd_chunk_f32(const struct dw_job *j, long img, long oy, long ox, long ky0, long ky1, long kx0,
+                 long kx1, long c0, long nb) {
+  const geo *g = j->g;
+  gs_v8 acc[DW_CHUNK], x, w;
+  for (long b = 0; b < nb; b++) {
+    if (j->bf)
+      GS_V8_LOAD(acc[b], j->bf + c0 + b * GS_CPU_VB);
+    else
+      acc[b] = (gs_v8){0};
+  }
+  for (long ky = ky0; ky < ky1; ky++) {
+    long iy = oy * g->stride - g->pt + ky;
+    const float *xr = (const float *)j->src + (img * g->h + iy) * g->w * g->c + c0;
+    for (long kx = kx0; kx < kx1; kx++) {
+      const float *xp = xr + (ox * g->stride - g->pl + kx) * g->c;
+      const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
+      for (long b = 0; b < nb; b++) {
+        GS_V8_LOAD(x, xp + b * GS_CPU_VB);
+        GS_V8_LOAD(w, wp + b * GS_CPU_VB);
+        acc[b] += x * w;
+      }
+    }
+  }
+  float *o = (float *)j->dst + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
+  for (long b = 0; b < nb; b++)
+    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
+}
+
 /* output rows (img, oy) [lo, hi) */
-static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct dw_job *j = ctx;
   const geo *g = j->g;
-  float acc[GS_CPU_CB], tmp[GS_CPU_CB];
+  long cfull = g->c - g->c % GS_CPU_VB;
   for (long item = (long)lo; item < (long)hi; item++) {
-    long img = item / g->oh, oy = item % g->oh;
+    long img = item / g->oh, oy = item % g->oh, ky0, ky1;
+    tap_range(oy, g->stride, g->pt, g->kh, g->h, &ky0, &ky1);
     for (long ox = 0; ox < g->ow; ox++) {
-      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
-        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
-        if (j->bf)
-          memcpy(acc, j->bf + c0, sizeof(float) * (size_t)cb);
-        else
-          memset(acc, 0, sizeof(float) * (size_t)cb);
-        for (long ky = 0; ky < g->kh; ky++) {
-          long iy = oy * g->stride - g->pt + ky;
-          if (iy < 0 || iy >= g->h)
-            continue;
-          for (long kx = 0; kx < g->kw; kx++) {
-            long ix = ox * g->stride - g->pl + kx;
-            if (ix < 0 || ix >= g->w)
-              continue;
-            const float *x = load_block(j->dt, j->src,
-                                        (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), tmp, cb);
-            const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
-            for (long c = 0; c < cb; c++)
-              acc[c] += x[c] * wr[c];
-          }
-        }
-        size_t at = (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0);
-        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), acc, (size_t)cb);
-      }
+      long kx0, kx1;
+      tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
+      long c0 = 0;
+      if (j->dt == GS_F32)
+        for (; c0 < cfull; c0 += DW_CHUNK * GS_CPU_VB)
+          dw_fwd_chunk_f32(j, img, oy, ox, ky0, ky1, kx0, kx1, c0,
+                           cfull - c0 < DW_CHUNK * GS_CPU_VB ? (cfull - c0) / GS_CPU_VB : DW_CHUNK);
+      for (; c0 < cfull; c0 += GS_CPU_VB)
+        dw_fwd_block(j, img, oy, ox, ky0, ky1, kx0, kx1, c0, GS_CPU_VB);
+      if (cfull < g->c)
+        dw_fwd_block(j, img, oy, ox, ky0, ky1, kx0, kx1, cfull, g->c - cfull);
     }
   }
 }
@@ -347,73 +438,195 @@ int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in
   return 0;
 }
 
-/* channels [lo*8, hi*8) of dw and db: this thread owns them */
-static void dw_wgrad_part(void *ctx, size_t lo, size_t hi) {
-  const struct dw_job *j = ctx;
+/* dw and db of channels [c0, c0 + cb): every output pixel in order adds
+ * its terms, as the plain loop does */
+static inline __attribute__((always_inline)) void dw_wgrad_block(const struct dw_job *j, long c0,
+                                                                 long cb) {
   const geo *g = j->g;
-  long clo = (long)lo * 8, chi = (long)hi * 8 < g->c ? (long)hi * 8 : g->c;
-  float dtmp[GS_CPU_CB], xtmp[GS_CPU_CB];
-  for (long c0 = clo; c0 < chi; c0 += GS_CPU_CB) {
-    long cb = chi - c0 < GS_CPU_CB ? chi - c0 : GS_CPU_CB;
-    for (long img = 0; img < g->n; img++)
-      for (long oy = 0; oy < g->oh; oy++)
-        for (long ox = 0; ox < g->ow; ox++) {
-          const float *d = load_block(j->dt, j->src,
-                                      (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), dtmp, cb);
-          if (j->db)
+  float dtmp[GS_CPU_VB], xtmp[GS_CPU_VB];
+  for (long img = 0; img < g->n; img++)
+    for (long oy = 0; oy < g->oh; oy++) {
+      long ky0, ky1;
+      tap_range(oy, g->stride, g->pt, g->kh, g->h, &ky0, &ky1);
+      for (long ox = 0; ox < g->ow; ox++) {
+        const float *d = load_block(j->dt, j->src,
+                                    (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), dtmp, cb);
+        if (j->db)
+          for (long c = 0; c < cb; c++)
+            j->db[c0 + c] += d[c];
+        if (!j->dw)
+          continue;
+        long kx0, kx1;
+        tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
+        for (long ky = ky0; ky < ky1; ky++) {
+          long iy = oy * g->stride - g->pt + ky;
+          for (long kx = kx0; kx < kx1; kx++) {
+            long ix = ox * g->stride - g->pl + kx;
+            const float *x = load_block(j->dt, j->in,
+                                        (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), xtmp, cb);
+            float *dwr = j->dw + (ky * g->kw + kx) * g->c + c0;
             for (long c = 0; c < cb; c++)
-              j->db[c0 + c] += d[c];
-          if (!j->dw)
-            continue;
-          for (long ky = 0; ky < g->kh; ky++) {
-            long iy = oy * g->stride - g->pt + ky;
-            if (iy < 0 || iy >= g->h)
-              continue;
-            for (long kx = 0; kx < g->kw; kx++) {
-              long ix = ox * g->stride - g->pl + kx;
-              if (ix < 0 || ix >= g->w)
-                continue;
-              const float *x = load_block(j->dt, j->in,
-                                          (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), xtmp, cb);
-              float *dwr = j->dw + (ky * g->kw + kx) * g->c + c0;
-              for (long c = 0; c < cb; c++)
-                dwr[c] += d[c] * x[c];
+              dwr[c] += d[c] * x[c];
+          }
+        }
+      }
+    }
+}
+
+/* The fp32 wgrad loop keeps dw of up to DW_LOCAL_TAPS taps x DW_CHUNK
+ * blocks of channels on its stack (12.5 KiB at most). */
+#define DW_LOCAL_TAPS 49
+
+/* the same for fp32, nb <= DW_CHUNK whole blocks from c0 and a window of at
+ * most DW_LOCAL_TAPS taps: db's sums and dw's stay in an aligned array on
+ * the stack, read from db and dw first and written back last, and each
+ * pixel reads all nb blocks of its input row at once. (One block at a time
+ * streamed the input once per block, using half of each cache line, and
+ * adding straight into dw chained every pixel's load-add-store of a tap to
+ * the previous one's through the store buffer.) */
+static inline __attribute__((always_inline)) void dw_wgrad_chunk_f32(const struct dw_job *j,
+                                                                     long c0, long nb) {
+  const geo *g = j->g;
+  const float *src = j->src, *in = j->in;
+  gs_v8 acc[DW_LOCAL_TAPS][DW_CHUNK], dbacc[DW_CHUNK], d[DW_CHUNK], x;
+  long taps = j->dw ? g->kh * g->kw : 0;
+  for (long b = 0; b < nb; b++) {
+    for (long t = 0; t < taps; t++)
+      GS_V8_LOAD(acc[t][b], j->dw + t * g->c + c0 + b * GS_CPU_VB);
+    if (j->db)
+      GS_V8_LOAD(dbacc[b], j->db + c0 + b * GS_CPU_VB);
+  }
+  for (long img = 0; img < g->n; img++)
+    for (long oy = 0; oy < g->oh; oy++) {
+      long ky0, ky1;
+      tap_range(oy, g->stride, g->pt, g->kh, g->h, &ky0, &ky1);
+      for (long ox = 0; ox < g->ow; ox++) {
+        const float *dp = src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
+        for (long b = 0; b < nb; b++) {
+          GS_V8_LOAD(d[b], dp + b * GS_CPU_VB);
+          dbacc[b] += d[b];
+        }
+        if (!taps)
+          continue;
+        long kx0, kx1;
+        tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
+        for (long ky = ky0; ky < ky1; ky++) {
+          long iy = oy * g->stride - g->pt + ky;
+          const float *xr = in + (img * g->h + iy) * g->w * g->c + c0;
+          for (long kx = kx0; kx < kx1; kx++) {
+            long ix = ox * g->stride - g->pl + kx;
+            gs_v8 *ar = acc[ky * g->kw + kx];
+            for (long b = 0; b < nb; b++) {
+              GS_V8_LOAD(x, xr + ix * g->c + b * GS_CPU_VB);
+              ar[b] += d[b] * x;
             }
           }
         }
+      }
+    }
+  for (long b = 0; b < nb; b++) {
+    for (long t = 0; t < taps; t++)
+      GS_V8_STORE(j->dw + t * g->c + c0 + b * GS_CPU_VB, acc[t][b]);
+    if (j->db)
+      GS_V8_STORE(j->db + c0 + b * GS_CPU_VB, dbacc[b]);
   }
 }
 
-/* input rows (img, iy) [lo, hi) of din: gather from the windows that read them */
-static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
+/* channels [lo*VB, hi*VB) of dw and db: this thread owns them */
+GS_CPU_HOT static void dw_wgrad_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_job *j = ctx;
+  long clo = (long)lo * GS_CPU_VB, chi = (long)hi * GS_CPU_VB;
+  if (chi > j->g->c)
+    chi = j->g->c;
+  long c0 = clo;
+  if (j->dt == GS_F32 && j->g->kh * j->g->kw <= DW_LOCAL_TAPS)
+    for (long nb; (nb = (chi - c0) / GS_CPU_VB) > 0; c0 += nb * GS_CPU_VB) {
+      if (nb > DW_CHUNK)
+        nb = DW_CHUNK;
+      dw_wgrad_chunk_f32(j, c0, nb);
+    }
+  for (; c0 + GS_CPU_VB <= chi; c0 += GS_CPU_VB)
+    dw_wgrad_block(j, c0, GS_CPU_VB);
+  if (c0 < chi)
+    dw_wgrad_block(j, c0, chi - c0);
+}
+
+/* din at (img, iy, ix), channels [c0, c0 + cb): gathered from the windows
+ * that read it */
+static inline __attribute__((always_inline)) void dw_dgrad_block(const struct dw_job *j, long img,
+                                                                 long iy, long ix, long c0,
+                                                                 long cb) {
+  const geo *g = j->g;
+  float acc[GS_CPU_VB], tmp[GS_CPU_VB];
+  for (long c = 0; c < cb; c++)
+    acc[c] = 0.0f;
+  long ty0 = iy + g->pt, tx0 = ix + g->pl; /* as in col2im_part */
+  for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
+       ky += g->stride, oy--) {
+    if (oy >= g->oh)
+      continue;
+    for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
+         kx += g->stride, ox--) {
+      if (ox >= g->ow)
+        continue;
+      const float *d = load_block(j->dt, j->src,
+                                  (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), tmp, cb);
+      const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
+      for (long c = 0; c < cb; c++)
+        acc[c] += d[c] * wr[c];
+    }
+  }
+  store_block(j->dt, j->dst, (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), acc, cb);
+}
+
+/* the same for fp32 and nb <= DW_CHUNK whole blocks from c0 */
+static inline __attribute__((always_inline)) void dw_dgrad_chunk_f32(const struct dw_job *j,
+                                                                     long img, long iy, long ix,
+                                                                     long c0, long nb) {
+  const geo *g = j->g;
+  gs_v8 acc[DW_CHUNK], d, w;
+  for (long b = 0; b < nb; b++)
+    acc[b] = (gs_v8){0};
+  long ty0 = iy + g->pt, tx0 = ix + g->pl;
+  for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
+       ky += g->stride, oy--) {
+    if (oy >= g->oh)
+      continue;
+    for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
+         kx += g->stride, ox--) {
+      if (ox >= g->ow)
+        continue;
+      const float *dp = (const float *)j->src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
+      const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
+      for (long b = 0; b < nb; b++) {
+        GS_V8_LOAD(d, dp + b * GS_CPU_VB);
+        GS_V8_LOAD(w, wp + b * GS_CPU_VB);
+        acc[b] += d * w;
+      }
+    }
+  }
+  float *o = (float *)j->dst + ((img * g->h + iy) * g->w + ix) * g->c + c0;
+  for (long b = 0; b < nb; b++)
+    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
+}
+
+/* input rows (img, iy) [lo, hi) of din */
+GS_CPU_HOT static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
   const struct dw_job *j = ctx;
   const geo *g = j->g;
-  float acc[GS_CPU_CB], tmp[GS_CPU_CB];
+  long cfull = g->c - g->c % GS_CPU_VB;
   for (long item = (long)lo; item < (long)hi; item++) {
     long img = item / g->h, iy = item % g->h;
     for (long ix = 0; ix < g->w; ix++) {
-      for (long c0 = 0; c0 < g->c; c0 += GS_CPU_CB) {
-        long cb = g->c - c0 < GS_CPU_CB ? g->c - c0 : GS_CPU_CB;
-        memset(acc, 0, sizeof(float) * (size_t)cb);
-        long ty0 = iy + g->pt, tx0 = ix + g->pl; /* as in col2im_part */
-        for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
-             ky += g->stride, oy--) {
-          if (oy >= g->oh)
-            continue;
-          for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
-               kx += g->stride, ox--) {
-            if (ox >= g->ow)
-              continue;
-            const float *d = load_block(j->dt, j->src,
-                                        (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), tmp, cb);
-            const float *wr = j->wf + (ky * g->kw + kx) * g->c + c0;
-            for (long c = 0; c < cb; c++)
-              acc[c] += d[c] * wr[c];
-          }
-        }
-        size_t at = (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0);
-        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, at), acc, (size_t)cb);
-      }
+      long c0 = 0;
+      if (j->dt == GS_F32)
+        for (; c0 < cfull; c0 += DW_CHUNK * GS_CPU_VB)
+          dw_dgrad_chunk_f32(j, img, iy, ix, c0,
+                             cfull - c0 < DW_CHUNK * GS_CPU_VB ? (cfull - c0) / GS_CPU_VB : DW_CHUNK);
+      for (; c0 < cfull; c0 += GS_CPU_VB)
+        dw_dgrad_block(j, img, iy, ix, c0, GS_CPU_VB);
+      if (cfull < g->c)
+        dw_dgrad_block(j, img, iy, ix, cfull, g->c - cfull);
     }
   }
 }
@@ -431,7 +644,7 @@ int gs_cpu_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, fl
   struct dw_job j = {.dt = dt, .g = &g, .dst = din, .src = dout, .in = in, .wf = wf,
                      .dw = dw, .db = db};
   if (dw || db)
-    gs_cpu_parallel(ex, (size_t)((g.c + 7) / 8), 1, dw_wgrad_part, &j);
+    gs_cpu_parallel(ex, (size_t)((g.c + GS_CPU_VB - 1) / GS_CPU_VB), 1, dw_wgrad_part, &j);
   if (din)
     gs_cpu_parallel(ex, (size_t)(g.n * g.h), 2, dw_dgrad_part, &j);
   return 0;
@@ -447,7 +660,7 @@ struct pool_job {
   const void *in;
 };
 
-static void maxpool_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void maxpool_fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct pool_job *j = ctx;
   const geo *g = j->g;
   float best[GS_CPU_CB], tmp[GS_CPU_CB];
@@ -483,7 +696,7 @@ int gs_cpu_maxpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
 
 /* images [lo, hi): din zeroed, then each window's dout added at its first
  * maximum; one image per thread, so overlapping windows never race. */
-static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
   const struct pool_job *j = ctx;
   const geo *g = j->g;
   size_t esz = gs_dtype_size(j->dt), img_elems = (size_t)(g->h * g->w * g->c);
@@ -549,7 +762,7 @@ struct gap_job {
   long hw, c;
 };
 
-static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct gap_job *j = ctx;
   float acc[GS_CPU_CB], tmp[GS_CPU_CB];
   for (long img = (long)lo; img < (long)hi; img++)
@@ -567,7 +780,7 @@ static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
     }
 }
 
-static void gap_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void gap_bwd_part(void *ctx, size_t lo, size_t hi) {
   const struct gap_job *j = ctx;
   float g[GS_CPU_CB], tmp[GS_CPU_CB];
   for (long img = (long)lo; img < (long)hi; img++)

@@ -37,7 +37,7 @@ struct relu_job {
 /* Patterns of +inf: a 16-bit value v is > 0 iff 1 <= v <= inf. */
 static uint16_t inf_bits(gs_dtype dt) { return dt == GS_F16 ? 0x7c00 : 0x7f80; }
 
-static void relu_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void relu_fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct relu_job *j = ctx;
   if (j->dt == GS_F32) {
     const float *x = j->a;
@@ -59,7 +59,7 @@ GS_IVDEP
   }
 }
 
-static void relu_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void relu_bwd_part(void *ctx, size_t lo, size_t hi) {
   const struct relu_job *j = ctx;
   if (j->dt == GS_F32) {
     const float *d = j->a, *o = j->b;
@@ -185,7 +185,7 @@ struct unscale_job {
   int32_t *found_inf;
 };
 
-static void unscale_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void unscale_part(void *ctx, size_t lo, size_t hi) {
   const struct unscale_job *j = ctx;
   uint32_t bad = 0;
   for (size_t i = lo; i < hi; i++) {
@@ -235,7 +235,7 @@ struct sgd_job {
   bool nesterov;
 };
 
-static void sgd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void sgd_part(void *ctx, size_t lo, size_t hi) {
   const struct sgd_job *j = ctx;
   float *restrict w = j->w, *restrict m = j->m; /* as adam_part: vectorisable */
   const float *restrict g = j->g;
@@ -274,7 +274,7 @@ struct adam_job {
   bool decoupled;
 };
 
-static void adam_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
   const struct adam_job *j = ctx;
   /* restrict and local scalars: the stores to w, m and v may not alias the
    * job's fields, so the loop vectorises (sqrtf inlines with -fno-math-errno,

@@ -344,11 +344,19 @@ static const tcase CASES[] = {
     {OP_CONV, "conv 1x1 s1", {.n = 3, .h = 5, .w = 3, .c = 7, .kh = 1, .kw = 1, .stride = 1, .same = true, .f = 5}, 0},
     {OP_CONV, "conv 1x1 s2 SAME", {.n = 3, .h = 7, .w = 5, .c = 3, .kh = 1, .kw = 1, .stride = 2, .same = true, .f = 2}, 0},
     {OP_CONV, "conv 3x5 s2 SAME", {.n = 1, .h = 6, .w = 9, .c = 3, .kh = 3, .kw = 5, .stride = 2, .same = true, .f = 3}, 0},
+    {OP_CONV, "conv 5x5 s1 SAME c=16", {.n = 2, .h = 6, .w = 5, .c = 16, .kh = 5, .kw = 5, .stride = 1, .same = true, .f = 9}, 0},
     {OP_DW, "dw 3x3 s2 VALID", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 3, .kw = 3, .stride = 2, .same = false, .f = 5}, 0},
     {OP_DW, "dw 3x3 s2 SAME", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 3, .kw = 3, .stride = 2, .same = true, .f = 5}, 0},
     {OP_DW, "dw 5x5 s1 SAME n1", {.n = 1, .h = 5, .w = 7, .c = 3, .kh = 5, .kw = 5, .stride = 1, .same = true, .f = 3}, 0},
     {OP_DW, "dw 1x1 s1", {.n = 3, .h = 3, .w = 5, .c = 7, .kh = 1, .kw = 1, .stride = 1, .same = false, .f = 7}, 0},
     {OP_DW, "dw 3x3 s1 SAME c=133", {.n = 1, .h = 3, .w = 3, .c = 133, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 133}, 0},
+    /* the fp32 vector paths: whole blocks of 8 channels, chunks of 64 plus
+     * a block, a remainder after blocks, and a window too large for the
+     * wgrad loop's stack (8x8 = 64 taps) */
+    {OP_DW, "dw 3x3 s2 SAME c=16", {.n = 2, .h = 7, .w = 6, .c = 16, .kh = 3, .kw = 3, .stride = 2, .same = true, .f = 16}, 0},
+    {OP_DW, "dw 3x3 s1 SAME c=72", {.n = 1, .h = 4, .w = 5, .c = 72, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 72}, 0},
+    {OP_DW, "dw 5x5 s1 VALID c=21", {.n = 2, .h = 6, .w = 7, .c = 21, .kh = 5, .kw = 5, .stride = 1, .same = false, .f = 21}, 0},
+    {OP_DW, "dw 8x8 s1 SAME c=8", {.n = 1, .h = 9, .w = 9, .c = 8, .kh = 8, .kw = 8, .stride = 1, .same = true, .f = 8}, 0},
     {OP_MAXPOOL, "maxpool 2x2 s2 odd", {.n = 3, .h = 7, .w = 6, .c = 5, .kh = 2, .kw = 2, .stride = 2, .f = 5}, 0},
     {OP_MAXPOOL, "maxpool 3x3 s2 overlap", {.n = 3, .h = 7, .w = 7, .c = 3, .kh = 3, .kw = 3, .stride = 2, .f = 3}, 0},
     {OP_MAXPOOL, "maxpool 3x3 s1 same ignored", {.n = 1, .h = 5, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 3}, 0},
