@@ -393,17 +393,41 @@ static int cpu_timer_stop(gs_exec *ex, double *seconds) {
   return 0;
 }
 
+/* Bytes below which a copy or a fill stays on the job's thread. A step
+ * zeroes its gradients and copies its batch in: for fashion-mlp that is 1.2
+ * MB a step, tens of microseconds that the other threads spent waiting. */
+#define GS_CPU_BYTES_GRAIN ((size_t)128 << 10)
+
+struct bytes_job {
+  char *dst;
+  const char *src; /* NULL: fill with zeros */
+};
+
+static void bytes_part(void *ctx, size_t lo, size_t hi) {
+  const struct bytes_job *j = ctx;
+  if (j->src)
+    memcpy(j->dst + lo, j->src + lo, hi - lo);
+  else
+    memset(j->dst + lo, 0, hi - lo);
+}
+
 static int cpu_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
-  (void)ex;
-  if (bytes)
+  if (!bytes)
+    return 0;
+  const char *d = dst, *s = src;
+  if (d < s + bytes && s < d + bytes) { /* overlapping: one memmove */
     memmove(dst, src, bytes);
+    return 0;
+  }
+  struct bytes_job j = {.dst = dst, .src = src};
+  gs_cpu_parallel(ex, bytes, GS_CPU_BYTES_GRAIN, bytes_part, &j);
   return 0;
 }
 
 static int cpu_zero(gs_exec *ex, void *dst, size_t bytes) {
-  (void)ex;
+  struct bytes_job j = {.dst = dst, .src = NULL};
   if (bytes)
-    memset(dst, 0, bytes);
+    gs_cpu_parallel(ex, bytes, GS_CPU_BYTES_GRAIN, bytes_part, &j);
   return 0;
 }
 

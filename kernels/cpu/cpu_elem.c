@@ -24,7 +24,10 @@
 #define GS_IVDEP
 #endif
 
-#define GS_CPU_ELEM_GRAIN ((size_t)1 << 16)
+/* Elements below which an element-wise op stays on the job's thread: a
+ * few microseconds of work, about what handing a range to a spinning
+ * worker costs (cpu_backend.c). */
+#define GS_CPU_ELEM_GRAIN ((size_t)1 << 13)
 
 /* ---- relu ---- */
 
