@@ -363,6 +363,24 @@ dw_fwd_block(const struct dw_job *j, long img, long oy, long ox, long ky0, long 
   store_block(j->dt, j->dst, (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), acc, cb);
 }
 
+/* acc[b] += a[b] * w[b] for nb blocks of GS_CPU_VB floats (pointers, so no
+ * vector crosses a call boundary; always inlined) */
+static inline __attribute__((always_inline)) void v8_mac(gs_v8 *acc, const float *a,
+                                                         const float *w, long nb) {
+  gs_v8 x, y;
+  for (long b = 0; b < nb; b++) {
+    GS_V8_LOAD(x, a + b * GS_CPU_VB);
+    GS_V8_LOAD(y, w + b * GS_CPU_VB);
+    acc[b] += x * y;
+  }
+}
+
+static inline __attribute__((always_inline)) void v8_store_n(float *o, const gs_v8 *acc,
+                                                             long nb) {
+  for (long b = 0; b < nb; b++)
+    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
+}
+
 /* the same for fp32 and nb <= DW_CHUNK whole blocks from c0: the
  * accumulators stay in registers, and each tap reads all nb blocks of its
  * input row at once */
@@ -370,7 +388,7 @@ static inline __attribute__((always_inline)) void
 dw_fwd_chunk_f32(const struct dw_job *j, long img, long oy, long ox, long ky0, long ky1, long kx0,
                  long kx1, long c0, long nb) {
   const geo *g = j->g;
-  gs_v8 acc[DW_CHUNK], x, w;
+  gs_v8 acc[DW_CHUNK];
   for (long b = 0; b < nb; b++) {
     if (j->bf)
       GS_V8_LOAD(acc[b], j->bf + c0 + b * GS_CPU_VB);
@@ -383,16 +401,10 @@ dw_fwd_chunk_f32(const struct dw_job *j, long img, long oy, long ox, long ky0, l
     for (long kx = kx0; kx < kx1; kx++) {
       const float *xp = xr + (ox * g->stride - g->pl + kx) * g->c;
       const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
-      for (long b = 0; b < nb; b++) {
-        GS_V8_LOAD(x, xp + b * GS_CPU_VB);
-        GS_V8_LOAD(w, wp + b * GS_CPU_VB);
-        acc[b] += x * w;
-      }
+      v8_mac(acc, xp, wp, nb);
     }
   }
-  float *o = (float *)j->dst + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
-  for (long b = 0; b < nb; b++)
-    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
+  v8_store_n((float *)j->dst + ((img * g->oh + oy) * g->ow + ox) * g->c + c0, acc, nb);
 }
 
 /* output rows (img, oy) [lo, hi) */
@@ -584,7 +596,7 @@ static inline __attribute__((always_inline)) void dw_dgrad_chunk_f32(const struc
                                                                      long img, long iy, long ix,
                                                                      long c0, long nb) {
   const geo *g = j->g;
-  gs_v8 acc[DW_CHUNK], d, w;
+  gs_v8 acc[DW_CHUNK];
   for (long b = 0; b < nb; b++)
     acc[b] = (gs_v8){0};
   long ty0 = iy + g->pt, tx0 = ix + g->pl;
@@ -598,16 +610,10 @@ static inline __attribute__((always_inline)) void dw_dgrad_chunk_f32(const struc
         continue;
       const float *dp = (const float *)j->src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
       const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
-      for (long b = 0; b < nb; b++) {
-        GS_V8_LOAD(d, dp + b * GS_CPU_VB);
-        GS_V8_LOAD(w, wp + b * GS_CPU_VB);
-        acc[b] += d * w;
-      }
+      v8_mac(acc, dp, wp, nb);
     }
   }
-  float *o = (float *)j->dst + ((img * g->h + iy) * g->w + ix) * g->c + c0;
-  for (long b = 0; b < nb; b++)
-    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
+  v8_store_n((float *)j->dst + ((img * g->h + iy) * g->w + ix) * g->c + c0, acc, nb);
 }
 
 /* input rows (img, iy) [lo, hi) of din */
