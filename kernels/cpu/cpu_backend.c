@@ -184,6 +184,7 @@ struct sgemm_job {
   size_t m, n, k;
   float alpha, beta;
   const float *a, *b;
+  const float *bias; /* (N): each part starts its block of C as bias rows */
   float *c;
   size_t lda, ldb, ldc;
 };
@@ -209,26 +210,29 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
     c += lo;
     n = hi - lo;
   }
-  cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
-              (blasint)m, (blasint)n, (blasint)j->k, j->alpha, a, (blasint)j->lda, b,
-              (blasint)j->ldb, j->beta, c, (blasint)j->ldc);
-}
-
-void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
-                  float alpha, const float *a, size_t lda, const float *b, size_t ldb,
-                  float beta, float *c, size_t ldc) {
-  if (m == 0 || n == 0)
-    return;
-  if (k == 0) { /* C = beta * C, which BLAS leaves to the caller's reading */
-    for (size_t i = 0; i < m; i++)
-      for (size_t j = 0; j < n; j++)
-        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+  float beta = j->beta;
+  if (j->bias) { /* the part's own block of C, on the thread that GEMMs it */
+    const float *bias = j->bias + (j->by_rows ? 0 : lo);
+    for (size_t r = 0; r < m; r++)
+      memcpy(c + r * j->ldc, bias, n * sizeof(float));
+    beta = 1.0f;
+  }
+  if (j->k == 0) { /* C = beta * C, which BLAS leaves to the caller's reading */
+    for (size_t r = 0; r < m; r++)
+      for (size_t q = 0; q < n; q++)
+        c[r * j->ldc + q] = beta == 0.0f ? 0.0f : beta * c[r * j->ldc + q];
     return;
   }
-  struct sgemm_job j = {.ta = trans_a, .tb = trans_b, .m = m, .n = n, .k = k,
-                        .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c,
-                        .lda = lda, .ldb = ldb, .ldc = ldc};
-  size_t work = m * n * k;
+  cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
+              (blasint)m, (blasint)n, (blasint)j->k, j->alpha, a, (blasint)j->lda, b,
+              (blasint)j->ldb, beta, c, (blasint)j->ldc);
+}
+
+static void sgemm_run(gs_exec *ex, struct sgemm_job j) {
+  size_t m = j.m, n = j.n;
+  if (m == 0 || n == 0)
+    return;
+  size_t work = m * n * (j.k ? j.k : 1);
   size_t parts = work / GS_CPU_GEMM_GRAIN;
   size_t rblocks = (m + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
   size_t cblocks = (n + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
@@ -246,6 +250,48 @@ void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, s
     return;
   }
   gs_cpu_parallel(ex, blocks, blocks / parts ? blocks / parts : 1, sgemm_part, &j);
+}
+
+void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
+                  float alpha, const float *a, size_t lda, const float *b, size_t ldb,
+                  float beta, float *c, size_t ldc) {
+  sgemm_run(ex, (struct sgemm_job){.ta = trans_a, .tb = trans_b, .m = m, .n = n, .k = k,
+                                   .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c,
+                                   .lda = lda, .ldb = ldb, .ldc = ldc});
+}
+
+void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
+                       const float *b, size_t ldb, const float *bias, float *c, size_t ldc) {
+  sgemm_run(ex, (struct sgemm_job){.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f,
+                                   .a = a, .b = b, .bias = bias, .c = c, .lda = lda,
+                                   .ldb = ldb, .ldc = ldc});
+}
+
+/* db (F) += column sums of dout (M, F), columns [lo*16, hi*16) */
+struct bias_grad_job {
+  float *db;
+  const float *dout;
+  size_t m, f;
+};
+
+GS_CPU_HOT static void bias_grad_part(void *ctx, size_t lo, size_t hi) {
+  const struct bias_grad_job *j = ctx;
+  size_t c0 = lo * GS_CPU_GEMM_BLOCK, c1 = hi * GS_CPU_GEMM_BLOCK;
+  if (c1 > j->f)
+    c1 = j->f;
+  float *restrict db = j->db;
+  for (size_t i = 0; i < j->m; i++) {
+    const float *restrict row = j->dout + i * j->f;
+    for (size_t q = c0; q < c1; q++)
+      db[q] += row[q];
+  }
+}
+
+void gs_cpu_bias_grad(gs_exec *ex, float *db, const float *dout, size_t m, size_t f) {
+  struct bias_grad_job j = {.db = db, .dout = dout, .m = m, .f = f};
+  size_t blocks = (f + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
+  size_t grain = blocks * GS_CPU_GEMM_BLOCK * m < ((size_t)1 << 15) ? blocks : 1;
+  gs_cpu_parallel(ex, blocks, grain, bias_grad_part, &j);
 }
 
 /* ---- device and memory ---- */

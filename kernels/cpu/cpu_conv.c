@@ -209,8 +209,7 @@ int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, c
     return 0;
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
     size_t m = (size_t)g.n * p;
-    fill_rows(dt, out, b, m, f);
-    gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, in, k, w, f, 1.0f, out, f);
+    gs_cpu_sgemm_bias(ex, m, f, k, in, k, w, f, b, out, f);
     return 0;
   }
   long ipc = conv_images_per_chunk(&g);
@@ -225,18 +224,16 @@ int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, c
     size_t m = (size_t)nc * p;
     im2col(ex, dt, &g, in, col, n0, nc);
     float *dst = dt == GS_F32 ? (float *)out + (size_t)n0 * p * f : outf;
-    fill_rows(dt, dst, b, m, f);
-    gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, col, k, wf, f, 1.0f, dst, f);
+    if (dt == GS_F32) { /* each GEMM part starts its block as bias rows */
+      gs_cpu_sgemm_bias(ex, m, f, k, col, k, wf, f, b, dst, f);
+    } else {
+      fill_rows(dt, dst, b, m, f);
+      gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, col, k, wf, f, 1.0f, dst, f);
+    }
     if (dt != GS_F32)
       gs_cpu_store_f32_par(ex, dt, gs_cpu_at_mut(dt, out, (size_t)n0 * p * f), outf, m * f);
   }
   return 0;
-}
-
-static void bias_grad(float *db, const float *dout, size_t m, size_t f) {
-  for (size_t i = 0; i < m; i++)
-    for (size_t j = 0; j < f; j++)
-      db[j] += dout[i * f + j];
 }
 
 /* dw (KH, KW, C, F) f32 +=, db (F) f32 +=, din (N, H, W, C) dt overwritten;
@@ -256,7 +253,7 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
     size_t m = (size_t)g.n * p;
     if (db)
-      bias_grad(db, dout, m, f);
+      gs_cpu_bias_grad(ex, db, dout, m, f);
     if (dw)
       gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, in, k, dout, f, 1.0f, dw, f);
     if (din)
@@ -280,7 +277,7 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
       d = doutf;
     }
     if (db)
-      bias_grad(db, d, m, f);
+      gs_cpu_bias_grad(ex, db, d, m, f);
     if (dw) {
       im2col(ex, dt, &g, in, col, n0, nc);
       gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, col, k, d, f, 1.0f, dw, f);

@@ -45,21 +45,16 @@ int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, co
     p += (size_t)c * oc;
     outf = p;
   }
-  if (b)
-    fill_bias_rows(dt, outf, b, n, oc);
-  gs_cpu_sgemm(ex, false, false, n, oc, c, 1.0f, inf, c, wf, oc, b ? 1.0f : 0.0f, outf, oc);
+  if (b && dt == GS_F32) /* each GEMM part starts its block as bias rows */
+    gs_cpu_sgemm_bias(ex, n, oc, c, inf, c, wf, oc, b, outf, oc);
+  else {
+    if (b)
+      fill_bias_rows(dt, outf, b, n, oc);
+    gs_cpu_sgemm(ex, false, false, n, oc, c, 1.0f, inf, c, wf, oc, b ? 1.0f : 0.0f, outf, oc);
+  }
   if (dt != GS_F32)
     gs_cpu_store_f32_par(ex, dt, out, outf, (size_t)n * oc);
   return 0;
-}
-
-/* db (OC) += column sums of dout (N, OC) f32 */
-static void bias_grad(float *db, const float *dout, uint32_t n, uint32_t oc) {
-  for (uint32_t i = 0; i < n; i++) {
-    const float *row = dout + (size_t)i * oc;
-    for (uint32_t j = 0; j < oc; j++)
-      db[j] += row[j];
-  }
 }
 
 /* dw (C, OC) f32 += in^T . dout; db (OC) f32 += sum_n dout;
@@ -87,7 +82,7 @@ int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float 
     dinf = inbuf; /* the converted input is dead once dw is done */
   }
   if (db)
-    bias_grad(db, doutf, n, oc);
+    gs_cpu_bias_grad(ex, db, doutf, n, oc);
   if (dw)
     gs_cpu_sgemm(ex, true, false, c, oc, n, 1.0f, inf, c, doutf, oc, 1.0f, dw, oc);
   if (din) {
