@@ -478,25 +478,53 @@ Test(kernels, conv_chunks_and_threads_agree) {
   free(ws), free(ws1), free(in), free(w), free(out), free(out1);
 }
 
-Test(kernels, dense_threads_agree) {
-  uint32_t n = 128, c = 784, oc = 256;
-  float *in = malloc((size_t)n * c * 4), *w = malloc((size_t)c * oc * 4), *b = malloc(oc * 4);
-  float *o1 = malloc((size_t)n * oc * 4), *o2 = malloc((size_t)n * oc * 4);
-  for (size_t i = 0; i < (size_t)n * c; i++)
+/* Split over 2 threads (by columns of the output for the MLP's first layer,
+ * by rows for a tall one), dense forward and backward give what one thread
+ * gives: each part's bias rows, the column-split bias gradient, dw, din. */
+static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
+  size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
+  float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
+  float *o[2], *di[2], *dw[2], *db[2];
+  for (int t = 0; t < 2; t++) {
+    o[t] = malloc(no * 4), di[t] = malloc(ni * 4);
+    dw[t] = calloc(nw, 4), db[t] = calloc(oc, 4);
+  }
+  for (size_t i = 0; i < ni; i++)
     in[i] = (float)urand();
-  for (size_t i = 0; i < (size_t)c * oc; i++)
+  for (size_t i = 0; i < nw; i++)
     w[i] = (float)urand() * 0.05f;
   for (size_t i = 0; i < oc; i++)
     b[i] = (float)urand();
+  for (size_t i = 0; i < no; i++)
+    d[i] = (float)urand();
   gs_exec *one;
   gs_exec_config cfg = {.threads = 1};
   cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
-  cr_assert_eq(B->dense_forward(one, GS_F32, o1, in, w, b, n, c, oc, NULL), 0);
-  cr_assert_eq(B->dense_forward(EX, GS_F32, o2, in, w, b, n, c, oc, NULL), 0);
-  for (size_t i = 0; i < (size_t)n * oc; i++)
-    expect_close("dense 1 vs 2 threads", "out", i, o2[i], o1[i], 1e-5, 1e-5);
+  gs_exec *ex[2] = {one, EX};
+  for (int t = 0; t < 2; t++) {
+    cr_assert_eq(B->dense_forward(ex[t], GS_F32, o[t], in, w, b, n, c, oc, NULL), 0);
+    cr_assert_eq(B->dense_backward(ex[t], GS_F32, di[t], dw[t], db[t], d, in, w, n, c, oc, NULL), 0);
+  }
+  char what[64];
+  snprintf(what, sizeof what, "dense %ux%u->%u, 1 vs 2 threads", n, c, oc);
+  for (size_t i = 0; i < no; i++)
+    expect_close(what, "out", i, o[1][i], o[0][i], 1e-5, 1e-5);
+  for (size_t i = 0; i < ni; i++)
+    expect_close(what, "din", i, di[1][i], di[0][i], 1e-5, 1e-5);
+  for (size_t i = 0; i < nw; i++)
+    expect_close(what, "dw", i, dw[1][i], dw[0][i], 1e-5, 1e-5);
+  for (size_t i = 0; i < oc; i++)
+    cr_expect_eq(db[1][i], db[0][i], "%s: db[%zu] %g vs %g (summed in the same order)", what, i,
+                 (double)db[1][i], (double)db[0][i]);
   B->exec_destroy(one);
-  free(in), free(w), free(b), free(o1), free(o2);
+  for (int t = 0; t < 2; t++)
+    free(o[t]), free(di[t]), free(dw[t]), free(db[t]);
+  free(in), free(w), free(b), free(d);
+}
+
+Test(kernels, dense_threads_agree) {
+  dense_threads_case(128, 784, 256); /* split by columns */
+  dense_threads_case(1000, 96, 40);  /* split by rows */
 }
 
 /* The per-step device timer (backend.h): the exec's own work is charged,
