@@ -603,12 +603,14 @@ void gs_dataset_free(gs_dataset *d) {
 void gs_dataset_gather_f32(const gs_dataset *d, const uint64_t *idx, uint32_t count,
                            float *images_out, int32_t *labels_out) {
   uint64_t img = gs_dataset_image_bytes(d);
-  float lut[256]; /* x / 255 exactly as the division rounds, without dividing per pixel */
-  for (int v = 0; v < 256; v++) lut[v] = (float)v / 255.0f;
   for (uint32_t i = 0; i < count; i++) {
-    const uint8_t *src = d->images + idx[i] * img;
-    float *dst = images_out + (uint64_t)i * img;
-    for (uint64_t k = 0; k < img; k++) dst[k] = lut[src[k]];
+    const uint8_t *restrict src = d->images + idx[i] * img;
+    float *restrict dst = images_out + (uint64_t)i * img;
+    /* A vector division is as exact as a scalar one, so this is the table of
+     * x / 255 it replaced, bit for bit, at 8 pixels an instruction: the
+     * gather of a batch ran on the job's thread while its workers waited
+     * (fashion-mlp: 4% of a step). data.c is built with -O3 (io.cmake). */
+    for (uint64_t k = 0; k < img; k++) dst[k] = (float)src[k] / 255.0f;
     if (labels_out) labels_out[i] = d->labels[idx[i]];
   }
 }
