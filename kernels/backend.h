@@ -201,6 +201,11 @@ struct gs_backend {
   int (*adam_step)(gs_exec *ex, float *w, const float *g, float *m, float *v,
                    size_t count, float lr, float beta1, float beta2, float eps,
                    float weight_decay, bool decoupled, uint64_t t, const int32_t *skip);
+
+  /* Device buffers are ordinary host memory (cpu): a caller may write and
+   * read them directly, as copy_in and copy_out would, instead of staging
+   * through host buffers. false for a GPU. */
+  bool host_memory;
 };
 
 /* The CPU backend: always available. */

@@ -645,8 +645,12 @@ static int backward(gs_train *t, uint32_t n, gs_err *e) {
 static int load_batch(gs_train *t, const gs_dataset *d, const uint64_t *idx, uint32_t n,
                       gs_err *e) {
   uint64_t per = gs_shape_elements(&t->model.input);
-  gs_dataset_gather_f32(d, idx, n, t->h_img, t->h_lab);
-  OP(t->b->copy_in(t->ex, t->x32, t->h_img, (size_t)n * per * sizeof(float)));
+  /* Where device buffers are host memory (backend.h: host_memory, the cpu
+   * device) the pixels go straight into the batch buffer: the staging copy
+   * was 17-40 us of fashion-mlp's 1 ms step. */
+  float *img = t->b->host_memory ? t->x32 : t->h_img;
+  gs_dataset_gather_f32(d, idx, n, img, t->h_lab);
+  if (img != t->x32) OP(t->b->copy_in(t->ex, t->x32, img, (size_t)n * per * sizeof(float)));
   if (t->mixed) OP(t->b->cast(t->ex, t->x, t->dt, t->x32, GS_F32, (size_t)n * per));
   OP(t->b->copy_in(t->ex, t->labels, t->h_lab, (size_t)n * sizeof(int32_t)));
   return 0;

@@ -273,6 +273,7 @@ static gs_backend cuda_backend = {
     /* .loss_scale_update = */ gs_cuda_loss_scale_update,
     /* .sgd_step = */ gs_cuda_sgd_step,
     /* .adam_step = */ gs_cuda_adam_step,
+    /* .host_memory = */ false, /* device memory: the runtime stages batches through copy_in */
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {
