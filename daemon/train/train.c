@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +128,8 @@ struct gs_train {
   float last_step_loss, last_epoch_loss;
   float test_loss, test_acc;
   uint64_t eval_step;    /* step of the last evaluation (UINT64_MAX none) */
-  uint64_t ckpt_step;    /* step of the last checkpoint written (UINT64_MAX none) */
+  uint64_t ckpt_step;    /* step of the last checkpoint taken (UINT64_MAX none) */
+  struct ck_write *ck_flight; /* a periodic checkpoint still being written, or NULL */
   uint32_t epochs_done;
   bool cancelled, finished;
 
@@ -842,35 +844,62 @@ static void spec_digest(const gs_train *t, char *buf, size_t len) {
              t->r.adam ? "adam" : "sgd");
 }
 
-int gs_train_checkpoint(gs_train *t, const char *path, gs_err *e) {
+/* One checkpoint: the job's state at one step, copied to the host, and
+ * where it goes. Periodic checkpoints are written by a thread of their own
+ * (checkpoint_async) while the job steps on: writing, fsync and rename took
+ * 8-10 ms a checkpoint here, 2-3% of fashion-mlp's wall time with one at
+ * every half-second epoch, all of it on the job's thread. */
+typedef struct ck_write {
+  pthread_t tid;
+  char *path;
+  gs_ckpt_meta meta;
   ck_list c;
-  if (ck_list_build(t, &c))
+  uint8_t *host; /* every tensor's bytes, c.v[i].data points into it */
+  int rc;        /* the writer's result */
+  gs_err err;    /* and its error */
+} ck_write;
+
+static void ck_write_free(ck_write *w) {
+  if (!w) return;
+  free(w->host);
+  free(w->path);
+  ck_list_free(&w->c);
+  free(w);
+}
+
+/* Copy the job's state out to the host, as of now. */
+static int ck_snapshot(gs_train *t, const char *path, ck_write **out, gs_err *e) {
+  ck_write *w = calloc(1, sizeof *w);
+  if (!w || ck_list_build(t, &w->c)) {
+    free(w);
     return gs_err_set(e, GS_INTERNAL, "", "out of host memory for a checkpoint"), -ENOMEM;
+  }
   uint64_t total = 0;
-  for (size_t i = 0; i < c.n; i++) total += c.v[i].bytes;
-  uint8_t *host = malloc(total ? total : 1);
-  gs_ckpt_meta *meta = calloc(1, sizeof *meta);
+  for (size_t i = 0; i < w->c.n; i++) total += w->c.v[i].bytes;
+  w->host = malloc(total ? total : 1);
+  w->path = strdup(path);
   int rc = 0;
-  if (!host || !meta) {
+  if (!w->host || !w->path) {
     gs_err_set(e, GS_INTERNAL, "", "out of host memory for a checkpoint");
     rc = -ENOMEM;
-    goto out;
+    goto fail;
   }
   uint64_t off = 0;
-  for (size_t i = 0; i < c.n; i++) {
-    rc = t->b->copy_out(t->ex, host + off, c.dev[i], c.v[i].bytes);
+  for (size_t i = 0; i < w->c.n; i++) {
+    rc = t->b->copy_out(t->ex, w->host + off, w->c.dev[i], w->c.v[i].bytes);
     if (rc) {
       gs_err_set(e, GS_INTERNAL, "", "backend %s: copying %s out failed (%d)", t->b->name,
-                 c.v[i].name, rc);
-      goto out;
+                 w->c.v[i].name, rc);
+      goto fail;
     }
-    c.v[i].data = host + off;
-    off += c.v[i].bytes;
+    w->c.v[i].data = w->host + off;
+    off += w->c.v[i].bytes;
   }
   if ((rc = t->b->synchronize(t->ex))) {
     gs_err_set(e, GS_INTERNAL, "", "backend %s: synchronize failed (%d)", t->b->name, rc);
-    goto out;
+    goto fail;
   }
+  gs_ckpt_meta *meta = &w->meta;
   meta->step = t->step;
   meta->epoch = t->epoch;
   meta->data_pos = t->step_in_epoch * (uint64_t)t->r.batch_size * t->r.accumulation_steps;
@@ -880,12 +909,59 @@ int gs_train_checkpoint(gs_train *t, const char *path, gs_err *e) {
   meta->skipped_steps = t->skipped_host;
   meta->seed = t->r.seed;
   spec_digest(t, meta->spec, sizeof meta->spec);
-  rc = gs_ckpt_write(path, meta, c.v, c.n, e);
+  *out = w;
+  return 0;
+fail:
+  ck_write_free(w);
+  return rc;
+}
+
+static void *ck_writer_main(void *arg) {
+  ck_write *w = arg;
+  w->rc = gs_ckpt_write(w->path, &w->meta, w->c.v, w->c.n, &w->err);
+  return NULL;
+}
+
+/* Wait for the periodic checkpoint in flight, if any: 0, or its error. */
+static int ck_wait(gs_train *t, gs_err *e) {
+  ck_write *w = t->ck_flight;
+  if (!w) return 0;
+  pthread_join(w->tid, NULL);
+  t->ck_flight = NULL;
+  int rc = w->rc;
+  if (rc && e) *e = w->err;
+  ck_write_free(w);
+  return rc;
+}
+
+/* A periodic checkpoint: the state is copied out now, the file written by
+ * a thread while the job steps on (one in flight at a time; the next one,
+ * or the job's end, waits for it and fails the job with its error). A crash
+ * meanwhile leaves the previous checkpoint, as the write is atomic. */
+static int checkpoint_async(gs_train *t, const char *path, gs_err *e) {
+  int rc = ck_wait(t, e);
+  ck_write *w = NULL;
+  if (rc || (rc = ck_snapshot(t, path, &w, e))) return rc;
+  if (pthread_create(&w->tid, NULL, ck_writer_main, w) != 0) {
+    ck_writer_main(w); /* no thread to be had: write it here */
+    rc = w->rc;
+    if (rc) *e = w->err;
+    ck_write_free(w);
+    if (rc == 0) t->ckpt_step = t->step;
+    return rc;
+  }
+  t->ck_flight = w;
+  t->ckpt_step = t->step;
+  return 0;
+}
+
+int gs_train_checkpoint(gs_train *t, const char *path, gs_err *e) {
+  ck_write *w = NULL;
+  int rc = ck_wait(t, e);
+  if (rc || (rc = ck_snapshot(t, path, &w, e))) return rc;
+  rc = gs_ckpt_write(path, &w->meta, w->c.v, w->c.n, e);
   if (rc == 0) t->ckpt_step = t->step;
-out:
-  free(host);
-  free(meta);
-  ck_list_free(&c);
+  ck_write_free(w);
   return rc;
 }
 
@@ -1127,6 +1203,7 @@ fail:
 
 void gs_train_destroy(gs_train *t) {
   if (!t) return;
+  (void)ck_wait(t, NULL); /* a checkpoint still being written finishes first */
   if (t->ex) t->b->synchronize(t->ex);
   free_blocks(t);
   if (t->ex) t->b->exec_destroy(t->ex);
@@ -1366,7 +1443,7 @@ static int end_epoch(gs_train *t, gs_err *e) {
   t->epoch_steps = 0;
   t->epoch_time = 0;
   t->epoch_samples = 0;
-  if (t->opt.checkpoint_path && (rc = gs_train_checkpoint(t, t->opt.checkpoint_path, e)))
+  if (t->opt.checkpoint_path && (rc = checkpoint_async(t, t->opt.checkpoint_path, e)))
     return rc;
   return 0;
 }
@@ -1426,7 +1503,7 @@ static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
     if (epoch_end && (rc = end_epoch(t, e))) return rc;
     if (!epoch_end && t->opt.checkpoint_path && t->r.checkpoint_every_steps &&
         t->step % t->r.checkpoint_every_steps == 0 &&
-        (rc = gs_train_checkpoint(t, t->opt.checkpoint_path, e)))
+        (rc = checkpoint_async(t, t->opt.checkpoint_path, e)))
       return rc;
     if (t->step >= t->total_steps) {
       t->finished = true;
@@ -1435,6 +1512,8 @@ static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
       if (t->opt.checkpoint_path && t->ckpt_step != t->step &&
           (rc = gs_train_checkpoint(t, t->opt.checkpoint_path, e)))
         return rc;
+      /* A finished job's last checkpoint is on disk before it says so. */
+      if ((rc = ck_wait(t, e))) return rc;
     }
   }
   if (done) *done = t->finished;

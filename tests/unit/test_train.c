@@ -325,6 +325,56 @@ static void resume_case(int precision, uint32_t threads) {
 }
 
 Test(train, resume_is_bit_exact_fp32) { resume_case(GPUSHARE__V1__PRECISION__FLOAT32, 1); }
+
+/* Periodic checkpoints are written by a thread of their own while the job
+ * steps on: a job stopped between them (as by a crash of the job, or its
+ * executor's shutdown destroying it) leaves the last one whole, and a resume
+ * from it continues exactly. */
+Test(train, background_checkpoint_resumes_exactly) {
+  gs_dataset tr, te;
+  synth(512, 64, &tr, &te);
+  char path[] = "/tmp/gs_test_train_bgckpt_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  const uint64_t S = 30;
+  tspec *s = small_mlp(16, 1, 3, GPUSHARE__V1__PRECISION__FLOAT32);
+  rec *full = calloc(1, sizeof *full), *part = calloc(1, sizeof *part);
+  gs_train_options o = {.threads = 2, .on_step = rec_step, .user = full,
+                        .has_max_steps = true, .max_steps = S};
+  gs_train *t = make(s, &tr, &te, &o);
+  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
+  size_t n;
+  float *w_full = params(t, &n);
+  gs_train_destroy(t);
+
+  o.user = part;
+  o.checkpoint_path = path;
+  o.checkpoint_every = 5;
+  t = make(s, &tr, &te, &o);
+  bool done = false;
+  cr_assert_eq(gs_train_steps(t, 12, &done, &e), 0, "%s", e.msg); /* last at step 10 */
+  cr_assert(!done);
+  gs_train_destroy(t); /* waits for the write in flight */
+  part->n = 10;         /* what a resume replays from */
+  o.checkpoint_path = NULL;
+  o.resume_path = path;
+  t = make(s, &tr, &te, &o);
+  gs_train_result r;
+  gs_train_result_get(t, &r);
+  cr_expect_eq(r.steps, 10, "the checkpoint of step 10, written in the background");
+  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
+  float *w_res = params(t, &n);
+  gs_train_destroy(t);
+  cr_assert_eq(part->n, S);
+  cr_expect_eq(memcmp(full->loss, part->loss, S * sizeof(float)), 0,
+               "the loss sequence continues as if never stopped");
+  cr_expect_eq(memcmp(w_full, w_res, n * sizeof(float)), 0, "bit-identical final weights");
+  free(w_full), free(w_res), free(full), free(part), free(s);
+  unlink(path);
+  gs_dataset_free(&tr);
+  gs_dataset_free(&te);
+}
 Test(train, resume_is_bit_exact_fp16) { resume_case(GPUSHARE__V1__PRECISION__MIXED_FLOAT16, 2); }
 
 Test(train, resume_refuses_another_model) {
