@@ -605,8 +605,10 @@ void gs_dataset_free(gs_dataset *d) {
 
 /* Built for x86-64-v3 and the baseline and picked at load, as the cpu
  * backend's hot loops are (kernels/cpu/cpu_internal.h, GS_CPU_HOT): the
- * same bits from both, the division 8 pixels at a time where AVX exists. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(GS_NO_TARGET_CLONES)
+ * same bits from both, the division 8 pixels at a time where AVX exists.
+ * GCC only, as there (clang 14 would leave callers in other files unlinked). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(GS_NO_TARGET_CLONES)
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
 void gs_dataset_gather_f32(const gs_dataset *d, const uint64_t *idx, uint32_t count,

@@ -94,8 +94,12 @@ static inline void *gs_cpu_at_mut(gs_dtype dt, void *p, size_t i) {
  * ifunc), so the package runs anywhere and uses the wide vectors where they
  * exist. Both clones compute the same bits: -std=c11 keeps the compiler from
  * contracting a * b + c into an FMA (-ffp-contract=off), and without
- * -ffast-math it never reorders a sum, so only the vector width differs. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(GS_NO_TARGET_CLONES)
+ * -ffast-math it never reorders a sum, so only the vector width differs.
+ * GCC only: clang 14 (the fuzz build) emits a multiversioned function's
+ * resolver only in the files that call it, so another file's call to an
+ * external one does not link. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(GS_NO_TARGET_CLONES)
 #define GS_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define GS_CPU_HOT
