@@ -286,8 +286,13 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
   float *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
   const float *restrict g = j->g;
   const float lr = j->lr, b1 = j->b1, b2 = j->b2, eps = j->eps, wd = j->wd;
-  const float bc1 = j->bc1, bc2 = j->bc2;
   const float cwd = j->decoupled ? 0.0f : wd, dwd = j->decoupled ? lr * wd : 0.0f;
+  /* lr * (m / bc1) / (sqrt(v / bc2) + eps), arranged as PyTorch's Adam does
+   * but with one division where it has two: the bias corrections are
+   * per-step constants, and the divider was what bounded this loop (three
+   * divisions and a square root per element took 80 us of a 1 ms
+   * fashion-mlp step on two threads). The same value up to rounding. */
+  const float step = lr / j->bc1, inv_sqrt_bc2 = 1.0f / sqrtf(j->bc2);
   for (size_t i = lo; i < hi; i++) {
     float wi = w[i];
     float gi = g[i] + cwd * wi;
@@ -296,7 +301,7 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
     m[i] = mi;
     v[i] = vi;
     wi -= dwd * wi;
-    w[i] = wi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    w[i] = wi - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
   }
 }
 
