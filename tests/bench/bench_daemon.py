@@ -22,6 +22,7 @@ first touch of every buffer and, in the daemon, for loading the set):
             the checkpoints and the control plane included.
 """
 import json
+import os
 import re
 import resource
 import subprocess
@@ -129,6 +130,12 @@ def lines(path):
         return [json.loads(l) for l in f if l.strip()]
 
 
+def median(xs):
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2.0
+
+
 def overhead(path):
     runs = lines(path)
     print("%-6s %-8s %12s %12s %8s %8s" % ("round", "side", "step_sps", "wall_sps", "wall_s",
@@ -164,8 +171,7 @@ def overhead(path):
             pairs.append((a - b) / a * 100.0)
     if pairs:
         pairs.sort()
-        mid = len(pairs) // 2
-        med = pairs[mid] if len(pairs) % 2 else (pairs[mid - 1] + pairs[mid]) / 2.0
+        med = median(pairs)
         print("%-28s %12s %12s %9.2f%%   (rounds: %s)" % (
             "median of the rounds' pairs", "", "", med, " ".join("%.1f" % x for x in pairs)))
     print("overhead = (gpushare-run - gpushared) / gpushare-run in samples/s (target: wall clock "
@@ -178,13 +184,15 @@ def overhead(path):
 
 def vdevs(path):
     rows = lines(path)
-    print("%-6s %-26s %8s %8s %12s %10s %10s" % ("round", "case", "steps", "seconds", "samples/s",
-                                               "cpu_ms/st", "dev_ms/st"))
+    ncpu = os.cpu_count() or 1
+    print("%-6s %-26s %8s %8s %12s %10s %10s %7s" % ("round", "case", "steps", "seconds",
+                                                   "samples/s", "cpu_ms/st", "dev_ms/st", "steal"))
     for r in rows:
         n = max(1, r["steps"])
-        print("%-6d %-26s %8d %8.1f %12.0f %10.2f %10.2f" % (
+        print("%-6d %-26s %8d %8.1f %12.0f %10.2f %10.2f %6.1f%%" % (
             r["round"], "one job, compute 100" if r["case"] == "single" else "four jobs, aggregate",
-            r["steps"], r["seconds"], r["sps"], r["exec_cpu_s"] / n * 1e3, r["device_s"] / n * 1e3))
+            r["steps"], r["seconds"], r["sps"], r["exec_cpu_s"] / n * 1e3, r["device_s"] / n * 1e3,
+            r.get("steal_s", 0.0) / (r["seconds"] * ncpu) * 100.0 if r["seconds"] > 0 else 0.0))
         if r["case"] == "four":
             for j, s in sorted(r["per_job"].items(), key=lambda kv: int(kv[0])):
                 print("%-6s %-26s %8d %8.1f %12.0f" % ("", "  job %s, compute 25" % j, s,
@@ -205,12 +213,23 @@ def vdevs(path):
     print()
     print("aggregate / single, samples/s:               %6.1f%%  (target: at least 95%%)"
           % (f["sps"] / s["sps"] * 100.0))
+    # As in overhead: a round's single and four run back to back and share
+    # the machine's state of the moment, so the median of the rounds'
+    # ratios is the figure a burst of other load (or steal) moves least.
+    ratios = []
+    for rnd in sorted({r["round"] for r in rows}):
+        case = {r["case"]: r for r in rows if r["round"] == rnd}
+        if "single" in case and "four" in case and case["single"]["sps"] > 0:
+            ratios.append(case["four"]["sps"] / case["single"]["sps"] * 100.0)
+    if ratios:
+        print("aggregate / single, median of the rounds: %6.1f%%  (rounds: %s)" % (
+            median(ratios), " ".join("%.1f" % x for x in sorted(ratios))))
     print("aggregate / single, by executor CPU per step: %6.1f%%  (%.2f ms against %.2f ms; less "
           "noisy on a shared machine)" % (s["cpu"] / f["cpu"] * 100.0 if f["cpu"] else 0.0,
                                           f["cpu"] * 1e3, s["cpu"] * 1e3))
     print("executor context switches per step: %.1f alone, %.1f with four; largest spread between "
           "the four jobs' steps: %.1f%% of their mean" % (s["ctxsw"], f["ctxsw"], max(spreads or [0])))
-    print("cpu_ms/st: the executor's CPU time (all its threads) per step; dev_ms/st: the "
+    print("steal: the share of all vCPUs the hypervisor ran something else on during the window; cpu_ms/st: the executor's CPU time (all its threads) per step; dev_ms/st: the "
           "core-seconds the steps' own threads used (vdev_device_seconds_total) per step")
 
 

@@ -143,8 +143,12 @@ submit() { ctl_as "$1" --json submit "$T/$2.pb" | jget "['job']['id']"; }
 steps_now() {
   local t0 t1
   t0=$(now); ctl metrics >"$T/metrics.txt" || die "gpuctl metrics failed"; t1=$(now)
-  echo "{\"t\": $(calc "($t0 + $t1) / 2"), \"steps\": $($FIG steps "$T/metrics.txt"), \"exec\": $(exec_stats)}" >"$1"
+  echo "{\"t\": $(calc "($t0 + $t1) / 2"), \"steps\": $($FIG steps "$T/metrics.txt"), \"exec\": $(exec_stats), \"steal_s\": $(steal_s)}" >"$1"
 }
+# steal_s: CPU seconds the hypervisor gave to others while this machine's
+# vCPUs had work, all vCPUs (/proc/stat's steal; 0 on bare metal): a window
+# with steal measured a machine that was not all there
+steal_s() { awk -v t="$($PY -c 'import os; print(os.sysconf("SC_CLK_TCK"))')" '$1 == "cpu" { print ($9 + 0) / t; exit }' /proc/stat; }
 proc_cpu() { # CPU seconds (utime + stime) of process $1 so far
   $PY -c "import os,sys; f=open('/proc/%s/stat'%sys.argv[1]).read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"
 }
@@ -249,7 +253,8 @@ print(json.dumps({"seconds": secs, "per_job": per, "steps": steps, "batch": batc
                   "sps": steps * batch / secs, "device_s": dev,
                   "exec_cpu_s": b["exec"]["cpu_s"] - a["exec"]["cpu_s"],
                   "exec_ctxsw": b["exec"]["ctxsw"] - a["exec"]["ctxsw"],
-                  "exec_threads": b["exec"]["threads"]}))
+                  "exec_threads": b["exec"]["threads"],
+                  "steal_s": b.get("steal_s", 0) - a.get("steal_s", 0)}))
 PY
 }
 part_vdevs() {
