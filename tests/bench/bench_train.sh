@@ -6,11 +6,16 @@
 # accuracies. A benchmark, never a test: nothing here is asserted in ctest.
 #
 # usage: tests/bench/bench_train.sh [BUILD_DIR]
-#   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" ROUNDS=1 to change
+#   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" ROUNDS=1
+#   TORCH_START=gpushare to change
 #   the run. ROUNDS=N runs both sides N times, alternating, and takes each
 #   side's best samples/s: on a shared machine the load of the moment moves
 #   either side by tens of percent, and the best run is the one it moved
 #   least (accuracies are the first round's; both sides are seeded).
+# PyTorch starts from gpushare-run's own initial weights and data order
+# (torch_ref.py --start gpushare), so the two accuracies differ only by the
+# arithmetic and compare after one epoch; TORCH_START=torch gives PyTorch its
+# own draw instead.
 # PyTorch: Debian's python3-torch (/usr/bin/python3 -c 'import torch'); without
 # it only gpushare's numbers are printed.
 set -eu
@@ -23,6 +28,7 @@ MAX_STEPS=${MAX_STEPS:-0}
 MODELS=${MODELS:-"mlp cnn mobilenet"}
 ROUNDS=${ROUNDS:-1}
 PY=${PY:-/usr/bin/python3}
+TORCH_START=${TORCH_START:-gpushare}
 run=$build/daemon/train/gpushare-run
 [ -x "$run" ] || { echo "bench_train: $run not built (cmake --build $build --target gpushare-run gs_examples)" >&2; exit 1; }
 have_torch=0
@@ -53,7 +59,7 @@ for m in $MODELS; do
     [ -n "$gs_acc" ] || gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
     if [ $have_torch = 1 ]; then
       "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
-        --max-steps "$MAX_STEPS" --schedule "$sched" > "$tmp/pt.$m"
+        --max-steps "$MAX_STEPS" --schedule "$sched" --start "$TORCH_START" > "$tmp/pt.$m"
       pt_sps=$("$PY" -c "print(max($pt_sps, $(jget "$tmp/pt.$m" samples_per_second)))")
       [ -n "$pt_acc" ] || pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
     fi
@@ -67,4 +73,4 @@ for m in $MODELS; do
   printf '%-10s %14.0f %14s %8s %10.4f %10s\n' "$m" "$gs_sps" "$pt_sps" "$ratio" "$gs_acc" "$pt_acc"
 done
 [ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
-echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, best of $ROUNDS round(s) each; ratio = gpushare / torch samples/s (training steps only)"
+echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, best of $ROUNDS round(s) each; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
