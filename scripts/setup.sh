@@ -11,6 +11,10 @@ shift || true
 PKGS=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
       protobuf-compiler libsqlite3-dev sqlite3 libcriterion-dev libopenblas-dev zlib1g-dev
       dataset-fashion-mnist systemd python3 util-linux procps dpkg-dev clang libclang-rt-14-dev)
+# Callers add their own: scripts/test.sh adds python3-torch, the PyTorch that
+# test_torch_parity checks the cpu backend's training against.
+read -r -a extra <<<"${GS_EXTRA_PKGS:-}"
+PKGS+=("${extra[@]}")
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

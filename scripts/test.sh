@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 JOBS=$(nproc)
 
 echo "== build (RelWithDebInfo)"
-scripts/setup.sh build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# python3-torch: the peer test_torch_parity trains the examples against
+GS_EXTRA_PKGS=python3-torch scripts/setup.sh build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$JOBS"
 
