@@ -9,6 +9,7 @@
 #define GS_KERNELS_CPU_INTERNAL_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,6 +24,8 @@ struct gs_cpu_worker {
   gs_exec *ex;   /* the exec whose ranges this thread runs */
   int id;        /* 1..nworkers: the part of each range it takes */
   pthread_t tid; /* the thread */
+  cpu_set_t allowed; /* the CPUs it may run on, as started */
+  bool have_allowed; /* sched_getaffinity answered */
 };
 
 struct gs_exec {
@@ -35,6 +38,7 @@ struct gs_exec {
    * them on a virtual machine. The atomics below are the fast path; mu and
    * the condition variables are for a thread that gave up spinning. */
   _Atomic uint64_t gen;   /* bumped (release) once a range is posted */
+  _Atomic int poster_cpu; /* the CPU the caller posted the range from, -1: unknown */
   _Atomic int pending;    /* workers still running the current range */
   _Atomic int sleepers;   /* workers blocked on `wake` */
   _Atomic bool waiting;   /* the caller is blocked on `done` */
