@@ -133,8 +133,6 @@ static void leave_poster_cpu(struct gs_cpu_worker *wk) {
 static void *cpu_worker_main(void *arg) {
   struct gs_cpu_worker *wk = arg;
   (void)gs_fpenv_flush_denormals(); /* fpenv.h: as the job's own thread */
-  wk->have_allowed =
-      pthread_getaffinity_np(pthread_self(), sizeof wk->allowed, &wk->allowed) == 0;
   gs_exec *ex = wk->ex;
   uint64_t seen = 0;
   for (;;) {
@@ -425,6 +423,11 @@ static int cpu_exec_create(gs_backend *b, const gs_exec_config *cfg, gs_exec **o
     for (int i = 0; i < threads - 1; i++) {
       ex->workers[i].ex = ex;
       ex->workers[i].id = i + 1;
+      /* the set a new thread inherits from this one, read here rather than
+       * by the worker, before anything can narrow it */
+      ex->workers[i].have_allowed = pthread_getaffinity_np(pthread_self(),
+                                                           sizeof ex->workers[i].allowed,
+                                                           &ex->workers[i].allowed) == 0;
       int e = pthread_create(&ex->workers[i].tid, NULL, cpu_worker_main, &ex->workers[i]);
       if (e) {
         rc = -e;

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cpu/cpu_internal.h" /* the pool, for its placement test */
 
 /* ---- helpers ---- */
 
@@ -862,4 +863,58 @@ Test(kernels, concurrent_execs) {
     cr_expect_eq(a[j].bad, 0, "job %d saw a different result", j);
     free((void *)a[j].in), free((void *)a[j].w), free((void *)a[j].want), free(a[j].out);
   }
+}
+
+/* The cpu pool's placement fix (cpu_backend.c, leave_poster_cpu): a worker
+ * woken on the core its job thread posted the range from moves to another
+ * core it may use, then has its whole set back. The worker is held on the
+ * poster's core by affinity while it sleeps, which is where Linux's wake-up
+ * placement put it when jobs of several vdevs took turns. */
+struct where {
+  int cpu[2];
+};
+
+static void record_cpu(void *ctx, size_t lo, size_t hi) {
+  struct where *w = ctx;
+  for (size_t i = lo; i < hi; i++)
+    w->cpu[i] = sched_getcpu();
+}
+
+Test(kernels, pool_worker_leaves_its_posters_core) {
+  cpu_set_t all;
+  cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2)
+    cr_skip_test("needs two CPUs in this process's affinity set, it has %d", CPU_COUNT(&all));
+  int here = -1;
+  for (int c = 0; c < CPU_SETSIZE && here < 0; c++)
+    if (CPU_ISSET(c, &all)) here = c;
+  gs_exec *ex;
+  gs_exec_config cfg = {.threads = 2};
+  cr_assert_eq(B->exec_create(B, &cfg, &ex), 0); /* its worker starts with all of `all` */
+  cr_assert_eq(ex->nworkers, 1);
+  pthread_t self = pthread_self(), worker = ex->workers[0].tid;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(here, &one);
+  cpu_set_t mine;
+  cr_assert_eq(pthread_getaffinity_np(self, sizeof mine, &mine), 0);
+  cr_assert_eq(pthread_setaffinity_np(self, sizeof one, &one), 0);
+  for (int trial = 0; trial < 3; trial++) {
+    cr_assert_eq(pthread_setaffinity_np(worker, sizeof one, &one), 0);
+    struct timespec nap = {0, 5000000}; /* the worker spins 50 us, then sleeps */
+    nanosleep(&nap, NULL);
+    struct where w = {{-1, -1}};
+    gs_cpu_parallel(ex, 2, 1, record_cpu, &w);
+    cr_expect_eq(w.cpu[0], here, "trial %d: the job's thread ran on CPU %d, pinned to %d", trial,
+                 w.cpu[0], here);
+    cr_expect_neq(w.cpu[1], here,
+                  "trial %d: the worker ran its part on CPU %d, the core its job thread posted "
+                  "from", trial, w.cpu[1]);
+    cpu_set_t now;
+    cr_assert_eq(pthread_getaffinity_np(worker, sizeof now, &now), 0);
+    cr_expect(CPU_EQUAL(&now, &all), "trial %d: the worker kept a narrowed CPU set (%d of %d CPUs)",
+              trial, CPU_COUNT(&now), CPU_COUNT(&all));
+  }
+  pthread_setaffinity_np(self, sizeof mine, &mine);
+  B->exec_destroy(ex);
 }
