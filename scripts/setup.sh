@@ -11,23 +11,38 @@ shift || true
 PKGS=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
       protobuf-compiler libsqlite3-dev sqlite3 libcriterion-dev libopenblas-dev zlib1g-dev
       dataset-fashion-mnist systemd python3 util-linux procps dpkg-dev clang libclang-rt-14-dev)
-# Callers add their own: scripts/test.sh adds python3-torch, the PyTorch that
-# test_torch_parity checks the cpu backend's training against.
+# Callers add packages of their own that gpushare can do without:
+# scripts/test.sh adds python3-torch, the PyTorch that test_torch_parity
+# checks the cpu backend's training against. One that cannot be installed
+# is reported and skipped (the test that needs it skips, saying why).
 read -r -a extra <<<"${GS_EXTRA_PKGS:-}"
-PKGS+=("${extra[@]}")
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+not_installed() { # the given packages that dpkg does not have installed
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+mapfile -t missing < <(not_installed "${PKGS[@]}")
+mapfile -t optional < <(not_installed "${extra[@]}")
+export DEBIAN_FRONTEND=noninteractive
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
     exit 1
   fi
-  export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ${#optional[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: not root, so not installing ${optional[*]}; the tests that need them skip" >&2
+  else
+    echo "setup: installing ${optional[*]}"
+    { [ ${#missing[@]} -gt 0 ] || apt-get update -qq; } &&
+      apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null ||
+      echo "setup: could not install ${optional[*]}; the tests that need them skip" >&2
+  fi
 fi
 
 cmake -S . -B "$BUILD" "$@" >/dev/null
