@@ -9,11 +9,18 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
-# metric NAME VDEV: one sample of gpuctl metrics
-metric() { ctl metrics | $PY -c "
+# snapshot: steps and device seconds of vdevs a0 and b0, from one gpuctl
+# metrics (one Stats of the executor), so both vdevs are read at one moment:
+# prints "steps_a0 steps_b0 seconds_a0 seconds_b0".
+snapshot() { ctl metrics | $PY -c "
 import sys
+v = {}
 for l in sys.stdin:
-    if l.startswith('gpushare_$1{') and 'vdev=\"$2\"' in l: print(l.split()[-1]); break"; }
+    for m in ('steps_total', 'device_seconds_total'):
+        for d in ('a0', 'b0'):
+            if l.startswith('gpushare_vdev_%s{' % m) and 'vdev=\"%s\"' % d in l: v[m, d] = l.split()[-1]
+print(*(v.get(k, 0) for k in (('steps_total', 'a0'), ('steps_total', 'b0'),
+                              ('device_seconds_total', 'a0'), ('device_seconds_total', 'b0'))))"; }
 
 start_daemon
 expect_ok "tenant a" ctl tenant create a --uid 4001
@@ -39,10 +46,9 @@ for _ in $(seq 100); do
   [ "$(ctl --json status "$ja" | json_field "['job']['state']")" = RUNNING ] &&
   [ "$(ctl --json status "$jb" | json_field "['job']['state']")" = RUNNING ] && break; sleep 0.1; done
 sleep 2
-step() { ctl --json status "$1" | json_field "['job'].get('step',0)"; }
-a1=$(step "$ja"); b1=$(step "$jb"); da1=$(metric vdev_device_seconds_total a0); db1=$(metric vdev_device_seconds_total b0)
+read -r a1 b1 da1 db1 < <(snapshot)
 sleep "${GS_SHARES_SECONDS:-10}"
-a2=$(step "$ja"); b2=$(step "$jb"); da2=$(metric vdev_device_seconds_total a0); db2=$(metric vdev_device_seconds_total b0)
+read -r a2 b2 da2 db2 < <(snapshot)
 read -r ratio dratio < <($PY -c "print(round(($a2-$a1)/max(1,$b2-$b1),2), round(($da2-$da1)/max(1e-9,$db2-$db1),2))")
 echo "steps: a0 $((a2 - a1)), b0 $((b2 - b1)): ratio $ratio (want 3 +- 15%)"
 echo "device seconds: a0 $($PY -c "print(round($da2-$da1,3))"), b0 $($PY -c "print(round($db2-$db1,3))"): ratio $dratio"
