@@ -119,15 +119,16 @@ static bool all_done(gs_exec *ex, uint64_t unused) {
  * four vdevs of a 2-core machine: three to four percent of the aggregate
  * rate, milliseconds at the start of every 50 ms slice). */
 static void leave_poster_cpu(struct gs_cpu_worker *wk) {
-  int poster = atomic_load_explicit(&wk->ex->poster_cpu, memory_order_relaxed);
-  if (poster < 0 || !wk->have_allowed || sched_getcpu() != poster)
+  const gs_exec *ex = wk->ex;
+  int poster = atomic_load_explicit(&ex->poster_cpu, memory_order_relaxed);
+  if (poster < 0 || !ex->have_allowed || sched_getcpu() != poster)
     return;
-  cpu_set_t others = wk->allowed;
+  cpu_set_t others = ex->allowed;
   CPU_CLR(poster, &others);
   if (CPU_COUNT(&others) == 0)
     return; /* nowhere else to go */
   if (pthread_setaffinity_np(pthread_self(), sizeof others, &others) == 0)
-    (void)pthread_setaffinity_np(pthread_self(), sizeof wk->allowed, &wk->allowed);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof ex->allowed, &ex->allowed);
 }
 
 static void *cpu_worker_main(void *arg) {
@@ -420,14 +421,13 @@ static int cpu_exec_create(gs_backend *b, const gs_exec_config *cfg, gs_exec **o
     ex->workers = calloc((size_t)threads - 1, sizeof *ex->workers);
     if (!ex->workers)
       goto fail_pool;
+    /* the set a new thread inherits from this one, read here rather than
+     * by each worker, before anything can narrow it */
+    ex->have_allowed =
+        pthread_getaffinity_np(pthread_self(), sizeof ex->allowed, &ex->allowed) == 0;
     for (int i = 0; i < threads - 1; i++) {
       ex->workers[i].ex = ex;
       ex->workers[i].id = i + 1;
-      /* the set a new thread inherits from this one, read here rather than
-       * by the worker, before anything can narrow it */
-      ex->workers[i].have_allowed = pthread_getaffinity_np(pthread_self(),
-                                                           sizeof ex->workers[i].allowed,
-                                                           &ex->workers[i].allowed) == 0;
       int e = pthread_create(&ex->workers[i].tid, NULL, cpu_worker_main, &ex->workers[i]);
       if (e) {
         rc = -e;

@@ -24,14 +24,14 @@ struct gs_cpu_worker {
   gs_exec *ex;   /* the exec whose ranges this thread runs */
   int id;        /* 1..nworkers: the part of each range it takes */
   pthread_t tid; /* the thread */
-  cpu_set_t allowed; /* the CPUs it may run on, as started */
-  bool have_allowed; /* sched_getaffinity answered */
 };
 
 struct gs_exec {
   int threads;            /* threads this job's ops may use, caller included */
   int nworkers;           /* pool threads (threads - 1) actually started */
   struct gs_cpu_worker *workers; /* the pool, started at exec_create */
+  cpu_set_t allowed;      /* the CPUs the workers may run on, as started */
+  bool have_allowed;      /* pthread_getaffinity_np answered */
   /* Posting a range and waiting for it spin first and sleep only after
    * GS_CPU_SPIN_NS: a training step posts one range every few hundred
    * microseconds, and a futex wake-up of a sleeping worker costs tens of
