@@ -121,7 +121,9 @@ expect_ok "vdev b2 deleted" ctl vdev delete b2
 
 # --- quotas: max_queued, max_running -----------------------------------------
 expect_ok "quota: a may run 1 job" ctl quota set a --max-running 1 --max-queued 2
-synth long1 a0 100000; synth long2 a0 100000; synth long3 a0 100000; synth long4 a0 100000
+# a million steps each (the most 4096 examples allow is 1.28 million): long1
+# must outlast the checks below on any machine; 100,000 was a second of it.
+synth long1 a0 1000000; synth long2 a0 1000000; synth long3 a0 1000000; synth long4 a0 1000000
 expect_ok "submit long1" A submit "$T/long1.pb"; l1=$(A --json list | json_field "['job'][-1]['id']")
 wait_state "$l1" RUNNING && pass "long1 running" || fail "long1 not running"
 expect_ok "submit long2 (queued behind max_running)" A submit "$T/long2.pb"; l2=$(A --json list | json_field "['job'][-1]['id']")
