@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "backend.h"
 
 static double now_ms(void) {
@@ -153,8 +155,49 @@ static void run(gs_backend *b, int threads) {
   b->exec_destroy(ex);
 }
 
+/* The floor under the MLP's training step: its eight GEMMs (three forward;
+ * dW of each layer; dX of the upper two) as single cblas_sgemm calls on one
+ * thread, nothing else. A step on T threads cannot take less than this / T:
+ * it is what "samples/s against PyTorch" on the MLP is bounded by. */
+static void gemm_floor(void) {
+  const int N = 128, L[4] = {784, 256, 128, 10};
+  float *act[4], *grad[4], *w[3], *dw[3];
+  for (int l = 0; l < 4; l++)
+    act[l] = rnd((size_t)N * L[l], 1), grad[l] = rnd((size_t)N * L[l], 1);
+  for (int l = 0; l < 3; l++)
+    w[l] = rnd((size_t)L[l] * L[l + 1], 0.1f), dw[l] = calloc((size_t)L[l] * L[l + 1], 4);
+  double t[REPS];
+  for (int r = 0; r < REPS; r++) {
+    double t0 = now_ms();
+    for (int l = 0; l < 3; l++)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, L[l + 1], L[l], 1.0f, act[l],
+                  L[l], w[l], L[l + 1], 1.0f, act[l + 1], L[l + 1]);
+    for (int l = 2; l >= 0; l--) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L[l], L[l + 1], N, 1.0f, act[l], L[l],
+                  grad[l + 1], L[l + 1], 1.0f, dw[l], L[l + 1]);
+      if (l)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, L[l], L[l + 1], 1.0f,
+                    grad[l + 1], L[l + 1], w[l], L[l + 1], 0.0f, grad[l], L[l]);
+    }
+    t[r] = now_ms() - t0;
+  }
+  qsort(t, REPS, sizeof t[0], cmp);
+  double flops = 0;
+  for (int l = 0; l < 3; l++)
+    flops += 2.0 * N * L[l] * L[l + 1] * (l ? 3 : 2);
+  printf("MLP 784-256-128-10 b128: its 8 GEMMs alone, one cblas_sgemm each, 1 thread:\n"
+         "  min %.3f  median %.3f ms (%.1f GFLOP/s at the median); on T threads a step\n"
+         "  takes at least median / T: %.0f samples/s per thread\n",
+         t[0], t[REPS / 2], flops / t[REPS / 2] * 1e-6, N / t[REPS / 2] * 1e3);
+  for (int l = 0; l < 4; l++)
+    free(act[l]), free(grad[l]);
+  for (int l = 0; l < 3; l++)
+    free(w[l]), free(dw[l]);
+}
+
 int main(int argc, char **argv) {
-  gs_backend *b = gs_backend_cpu();
+  gs_backend *b = gs_backend_cpu(); /* sets OpenBLAS to one thread */
+  gemm_floor();
   if (argc > 1) {
     run(b, atoi(argv[1]));
     return 0;
