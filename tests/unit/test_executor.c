@@ -224,6 +224,16 @@ static void job_spec_init(job_spec *j, uint64_t max_steps, uint32_t epochs) {
   j->spec.optimizer = &j->opt;
 }
 
+/* A job that runs until it is cancelled or shut down: 10,000 epochs (the most
+ * a job may ask for) of 65,536 examples, 41 million steps, minutes even at a
+ * microsecond a step. (With the 256 examples of job_spec_init it was 160,000
+ * steps, about a second: a cancel sent after the first Progress could come
+ * after the end.) */
+static void job_spec_until_cancelled(job_spec *j) {
+  job_spec_init(j, 0, 10000);
+  j->syn.examples = 65536;
+}
+
 static void start_job(ex *x, uint64_t id, const char *vdev, job_spec *js, const char *ckpt,
                       const char *export_path) {
   Gpushare__Exec__V1__StartJob s = GPUSHARE__EXEC__V1__START_JOB__INIT;
@@ -470,7 +480,7 @@ Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) 
   ex_start(&x);
   set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
   job_spec js;
-  job_spec_init(&js, 0, 10000); /* 160000 steps: runs until cancelled */
+  job_spec_until_cancelled(&js);
   start_job(&x, 7, "g0", &js, "", "");
   from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, 7);
   gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
@@ -479,7 +489,7 @@ Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) 
   cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__CANCELLED);
   cr_expect(!m->finished->interrupted);
   cr_expect_not_null(m->finished->reason);
-  cr_expect_lt(m->finished->steps, 160000);
+  cr_expect_lt(m->finished->steps, 4096u * 10000u);
   gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
   m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_STATS, 0);
   const Gpushare__Exec__V1__VdevStats *vs = stats_of(m, "g0");
@@ -496,7 +506,7 @@ Test(executor, shutdown_checkpoints_the_jobs_and_exits_0, .timeout = 600) {
   ex_start(&x);
   set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__PREALLOCATE);
   job_spec js;
-  job_spec_init(&js, 0, 10000);
+  job_spec_until_cancelled(&js);
   char ckpt[128];
   snprintf(ckpt, sizeof ckpt, "%s/3.ckpt", x.dir);
   start_job(&x, 3, "g0", &js, ckpt, "");
@@ -627,7 +637,7 @@ Test(executor, sigterm_is_a_shutdown, .timeout = 600) {
   ex_start(&x);
   set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
   job_spec js;
-  job_spec_init(&js, 0, 10000);
+  job_spec_until_cancelled(&js);
   start_job(&x, 4, "g0", &js, "", ""); /* no path: the checkpoint goes to the state dir */
   from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, 4);
   gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
