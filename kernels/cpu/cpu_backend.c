@@ -536,6 +536,7 @@ static gs_backend cpu_backend = {
     .sgd_step = gs_cpu_sgd_step,
     .adam_step = gs_cpu_adam_step,
     .host_memory = true,
+    .host_parallel = gs_cpu_parallel,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

@@ -274,6 +274,7 @@ static gs_backend cuda_backend = {
     /* .sgd_step = */ gs_cuda_sgd_step,
     /* .adam_step = */ gs_cuda_adam_step,
     /* .host_memory = */ false, /* device memory: the runtime stages batches through copy_in */
+    /* .host_parallel = */ NULL, /* no host threads of its own: the gather runs on the caller's */
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {
