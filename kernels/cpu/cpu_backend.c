@@ -205,8 +205,6 @@ void gs_cpu_parallel(gs_exec *ex, size_t n, size_t grain, gs_cpu_range_fn fn, vo
 
 /* ---- GEMM split over the exec's threads ---- */
 
-/* Multiply-adds below which a part is not worth a worker's wake-up. */
-#define GS_CPU_GEMM_GRAIN ((size_t)1 << 19)
 /* Rows (or columns) per block: parts are whole blocks. */
 #define GS_CPU_GEMM_BLOCK 16
 
@@ -291,6 +289,17 @@ void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, s
                                    .lda = lda, .ldb = ldb, .ldc = ldc});
 }
 
+void gs_cpu_sgemm_here(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
+                       const float *a, size_t lda, const float *b, size_t ldb, float beta,
+                       float *c, size_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  struct sgemm_job j = {.ta = trans_a, .tb = trans_b, .by_rows = true, .m = m, .n = n, .k = k,
+                        .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c, .lda = lda,
+                        .ldb = ldb, .ldc = ldc};
+  sgemm_part(&j, 0, (m + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK);
+}
+
 void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
                        const float *b, size_t ldb, const float *bias, float *c, size_t ldc) {
   sgemm_run(ex, (struct sgemm_job){.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f,
@@ -316,6 +325,11 @@ GS_CPU_HOT static void bias_grad_part(void *ctx, size_t lo, size_t hi) {
     for (size_t q = c0; q < c1; q++)
       db[q] += row[q];
   }
+}
+
+void gs_cpu_bias_grad_here(float *db, const float *dout, size_t m, size_t f) {
+  struct bias_grad_job j = {.db = db, .dout = dout, .m = m, .f = f};
+  bias_grad_part(&j, 0, (f + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK);
 }
 
 void gs_cpu_bias_grad(gs_exec *ex, float *db, const float *dout, size_t m, size_t f) {

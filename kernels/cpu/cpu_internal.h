@@ -64,6 +64,16 @@ void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, s
                   float alpha, const float *a, size_t lda, const float *b, size_t ldb,
                   float beta, float *c, size_t ldc);
 
+/* Multiply-adds (M*N*K) below which gs_cpu_sgemm runs a GEMM on the calling
+ * thread: a part smaller than this is not worth a worker's wake-up. */
+#define GS_CPU_GEMM_GRAIN ((size_t)1 << 19)
+
+/* gs_cpu_sgemm on the calling thread only: for a part of a parallel range,
+ * which may not post a range of its own. */
+void gs_cpu_sgemm_here(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
+                       const float *a, size_t lda, const float *b, size_t ldb, float beta,
+                       float *c, size_t ldc);
+
 /* Row-major C (M,N) = bias (N) in every row + A (M,K) . B (K,N), split as
  * gs_cpu_sgemm; each part writes its own block's bias rows first. */
 void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
@@ -72,6 +82,8 @@ void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a
 /* db (F) += the column sums of dout (M, F), split by columns across ex's
  * threads: each column is summed in row order, as on one thread. */
 void gs_cpu_bias_grad(gs_exec *ex, float *db, const float *dout, size_t m, size_t f);
+/* The same on the calling thread, with the same sums. */
+void gs_cpu_bias_grad_here(float *db, const float *dout, size_t m, size_t f);
 
 /* count elements of dt at src -> fp32 at dst, and back (nearest even). */
 void gs_cpu_load_f32(gs_dtype dt, const void *src, float *dst, size_t count);

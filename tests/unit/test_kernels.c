@@ -480,8 +480,9 @@ Test(kernels, conv_chunks_and_threads_agree) {
 }
 
 /* Split over 2 threads (by columns of the output for the MLP's first layer,
- * by rows for a tall one), dense forward and backward give what one thread
- * gives: each part's bias rows, the column-split bias gradient, dw, din. */
+ * by rows for a tall one, din's GEMM beside dw's for a small head), dense
+ * forward and backward give what one thread gives: each part's bias rows,
+ * the column-split bias gradient, dw, din. */
 static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
   size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
   float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
@@ -526,6 +527,7 @@ static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
 Test(kernels, dense_threads_agree) {
   dense_threads_case(128, 784, 256); /* split by columns */
   dense_threads_case(1000, 96, 40);  /* split by rows */
+  dense_threads_case(128, 128, 10);  /* a small head: din beside dw and db */
 }
 
 /* The per-step device timer (backend.h): the exec's own work is charged,
