@@ -251,13 +251,7 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
     return 0;
   }
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
-    size_t m = (size_t)g.n * p;
-    if (db)
-      gs_cpu_bias_grad(ex, db, dout, m, f);
-    if (dw)
-      gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, in, k, dout, f, 1.0f, dw, f);
-    if (din)
-      gs_cpu_sgemm(ex, false, true, m, k, f, 1.0f, dout, f, w, f, 0.0f, din, k);
+    gs_cpu_linear_backward(ex, din, dw, db, dout, in, w, (size_t)g.n * p, k, f);
     return 0;
   }
   long ipc = conv_images_per_chunk(&g);

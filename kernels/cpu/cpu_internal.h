@@ -130,6 +130,13 @@ typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 #define GS_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(gs_v8))
 #define GS_V8_STORE(p, v) memcpy((p), &(v), sizeof(gs_v8))
 
+/* The backward of a linear map out (M, F) = in (M, K) . w (K, F) + b, all
+ * fp32: db (F) += column sums of dout, dw (K, F) += in^T . dout, din (M, K)
+ * = dout . w^T; each may be NULL, and din may be `in` itself (written last).
+ * Dense layers and 1x1 convolutions (cpu_dense.c). */
+void gs_cpu_linear_backward(gs_exec *ex, float *din, float *dw, float *db, const float *dout,
+                            const float *in, const float *w, size_t m, size_t k, size_t f);
+
 /* Ops, one group a file (cpu_dense.c, cpu_conv.c, cpu_elem.c). */
 size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
 int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,

@@ -88,6 +88,16 @@ static gs_train *make(tspec *s, const gs_dataset *tr, const gs_dataset *te, gs_t
   return t;
 }
 
+/* Train spec s on tr to the end on `threads` threads, each step's loss into
+ * r; frees s. */
+static void train_rec(tspec *s, const gs_dataset *tr, int threads, rec *r) {
+  gs_train_options o = {.threads = threads, .on_step = rec_step, .user = r};
+  gs_train *t = make(s, tr, NULL, &o);
+  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
+  gs_train_destroy(t);
+  free(s);
+}
+
 /* All parameters of a job, concatenated (fp32 masters). */
 static float *params(gs_train *t, size_t *count) {
   const gs_model *m = gs_train_model(t);
@@ -249,11 +259,7 @@ Test(train, same_seed_same_bits) {
   for (int i = 0; i < 3; i++) {
     tspec *s = small_mlp(16, 2, 2, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16);
     if (i == 2) s->spec.seed = 6;
-    gs_train_options o = {.threads = 2, .on_step = rec_step, .user = &r[i]};
-    gs_train *t = make(s, &tr, NULL, &o);
-    cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-    gs_train_destroy(t);
-    free(s);
+    train_rec(s, &tr, 2, &r[i]);
   }
   cr_assert_eq(r[0].n, 32);
   cr_assert_eq(r[1].n, r[0].n);
@@ -281,11 +287,7 @@ Test(train, gather_split_over_threads_same_bits) {
     ts_dense(s, 4, false);
     ts_recipe(s, 16, 1, 1, 5, GPUSHARE__V1__PRECISION__FLOAT32);
     ts_adam(s, 3e-3f);
-    gs_train_options o = {.threads = i + 1, .on_step = rec_step, .user = &r[i]};
-    gs_train *t = make(s, &tr, NULL, &o);
-    cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-    gs_train_destroy(t);
-    free(s);
+    train_rec(s, &tr, i + 1, &r[i]);
   }
   cr_assert_eq(r[0].n, 16);
   cr_assert_eq(r[1].n, r[0].n);
