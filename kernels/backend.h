@@ -210,8 +210,9 @@ struct gs_backend {
   /* Run fn(ctx, lo, hi) over parts of [0, n), each at least `grain` items
    * (but one), on the threads ex's ops run on, the caller's among them;
    * returns when every part is done. For the job's host-side work that feeds
-   * its ops where host_memory: the batch gather, which otherwise runs on one
-   * thread while the others wait. NULL (cuda): the caller runs fn(ctx, 0, n). */
+   * its ops: the batch gather, which otherwise runs on one thread while the
+   * others wait. NULL where ex has no host threads of its own (cuda): the
+   * caller runs fn(ctx, 0, n). */
   void (*host_parallel)(gs_exec *ex, size_t n, size_t grain,
                         void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx);
 };

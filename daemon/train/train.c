@@ -673,7 +673,7 @@ static int load_batch(gs_train *t, const gs_dataset *d, const uint64_t *idx, uin
   float *img = t->b->host_memory ? t->x32 : t->h_img;
   gather_job gj = {.d = d, .idx = idx, .per = per, .img = img, .lab = t->h_lab};
   size_t grain = per >= GATHER_GRAIN_PIXELS ? 1 : GATHER_GRAIN_PIXELS / per;
-  if (t->b->host_parallel && t->b->host_memory)
+  if (t->b->host_parallel)
     t->b->host_parallel(t->ex, n, grain, gather_part, &gj);
   else
     gather_part(&gj, 0, n);

@@ -556,8 +556,7 @@ Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {
   job_spec js;
   /* Far more steps than the window needs: both jobs run until it closes,
    * and closing the socket then cancels them. */
-  job_spec_init(&js, 0, 10000); /* 10,000 epochs (the most a job may ask for) */
-  js.syn.examples = 8192;        /* 512 steps an epoch: 5.1 million steps */
+  job_spec_until_cancelled(&js);
   start_job(&x, 1, "s75", &js, "", "");
   start_job(&x, 2, "s25", &js, "", "");
 
