@@ -616,8 +616,39 @@ Test(kernels, xent_against_double) {
   cr_assert_eq(B->xent_forward_backward(EX, loss2, NULL, NULL, x, lab, N, K, NULL, 1.0f), 0);
   for (int i = 0; i < N; i++)
     cr_expect_eq(loss2[i], loss[i]);
-  int32_t bad[N] = {0, 7, 0, 0, 0};
+  /* a label out of range, even after good rows: refused, nothing written */
+  int32_t bad[N] = {0, 0, 0, 7, 0};
+  float kept[N];
+  for (int i = 0; i < N; i++)
+    kept[i] = loss2[i] = -1.0f;
   cr_expect_eq(B->xent_forward_backward(EX, loss2, NULL, NULL, x, bad, N, K, NULL, 1.0f), -EINVAL);
+  cr_expect_arr_eq(loss2, kept, sizeof kept, "loss written for a batch with a bad label");
+  bad[3] = -1;
+  cr_expect_eq(B->xent_forward_backward(EX, loss2, NULL, NULL, x, bad, N, K, NULL, 1.0f), -EINVAL);
+}
+
+/* Rows split over the exec's threads give the bits of one thread: each row
+ * is computed whole, by one thread, the same way. */
+Test(kernels, xent_split_over_threads_same_bits) {
+  enum { N = 301, K = 10 };
+  static float x[N * K], d[2][N * K], loss[2][N];
+  int32_t lab[N], pred[2][N];
+  for (int i = 0; i < N * K; i++)
+    x[i] = (float)(urand() * 8 - 4);
+  for (int i = 0; i < N; i++)
+    lab[i] = (int32_t)(i * 7 % K);
+  gs_exec *one;
+  gs_exec_config cfg = {.threads = 1};
+  cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
+  gs_exec *ex[2] = {one, EX};
+  float scale = 4.0f;
+  for (int t = 0; t < 2; t++)
+    cr_assert_eq(B->xent_forward_backward(ex[t], loss[t], pred[t], d[t], x, lab, N, K, &scale,
+                                          128.0f), 0);
+  cr_expect_arr_eq(loss[1], loss[0], sizeof loss[0]);
+  cr_expect_arr_eq(pred[1], pred[0], sizeof pred[0]);
+  cr_expect_arr_eq(d[1], d[0], sizeof d[0]);
+  B->exec_destroy(one);
 }
 
 /* dlogits with scale 1, norm 1 is the gradient of the summed loss */
