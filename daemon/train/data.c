@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -352,6 +353,38 @@ fail:
   return rc;
 }
 
+/* Images of a big set on 2 MiB pages. A batch gathers examples from
+ * anywhere in the set, each a TLB miss on 4 KiB pages (fashion-mlp's gather
+ * of a batch: 26 us of a 0.9 ms step on 4 KiB pages, 19 us on 2 MiB ones,
+ * `gpushare-run --threads 2`). Linux backs a
+ * 2 MiB-aligned range advised MADV_HUGEPAGE with huge pages even where
+ * transparent huge pages are "madvise" only, Debian's default. Below
+ * HUGE_MIN, or where that fails, the ordinary heap. */
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+
+static void *images_alloc(size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  void *p;
+  if (bytes >= HUGE_MIN && posix_memalign(&p, HUGE_PAGE, bytes) == 0) {
+    (void)madvise(p, bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE); /* advice: may be refused */
+    return p;
+  }
+#endif
+  return malloc(bytes ? bytes : 1);
+}
+
+/* buf (bytes, from the heap) moved to images_alloc's memory where that is
+ * huge pages; buf itself otherwise. */
+static uint8_t *images_rehome(uint8_t *buf, size_t bytes) {
+  if (bytes < HUGE_MIN) return buf;
+  uint8_t *p = images_alloc(bytes);
+  if (!p) return buf;
+  memcpy(p, buf, bytes);
+  free(buf);
+  return p;
+}
+
 int gs_dataset_load_idx_mem_named(const uint8_t *img, size_t img_len, const char *img_name,
                                   const uint8_t *lab, size_t lab_len, const char *lab_name,
                                   gs_dataset *out, gs_err *e) {
@@ -395,7 +428,7 @@ int gs_dataset_load_idx_mem_named(const uint8_t *img, size_t img_len, const char
   out->w = idims[2];
   out->c = ind == 4 ? idims[3] : 1;
   out->classes = maxl + 1 < 2 ? 2 : maxl + 1;
-  out->images = pix;
+  out->images = images_rehome(pix, (size_t)ilen);
   out->labels = labels;
   return 0;
 fail:
@@ -523,7 +556,7 @@ int gs_dataset_synthetic(uint64_t n, uint32_t h, uint32_t w, uint32_t c, uint32_
                       w, c, (unsigned long long)GS_DATASET_MAX_ELEMS),
            GS_DATASET_ETOOBIG;
   proto = malloc((size_t)(img * classes));
-  pix = malloc((size_t)(img * n));
+  pix = images_alloc((size_t)(img * n));
   labels = malloc(sizeof *labels * (size_t)n);
   if (!proto || !pix || !labels) {
     rc = -ENOMEM;
@@ -575,7 +608,7 @@ int gs_dataset_slice(const gs_dataset *src, uint64_t first, uint64_t count, gs_d
                       (unsigned long long)count, (unsigned long long)src->n),
            -EINVAL;
   uint64_t img = gs_dataset_image_bytes(src);
-  uint8_t *pix = malloc((size_t)(img * count));
+  uint8_t *pix = images_alloc((size_t)(img * count));
   int32_t *labels = malloc(sizeof *labels * (size_t)count);
   if (!pix || !labels) {
     free(pix);

@@ -5,7 +5,8 @@
  * against, and the device a machine without a GPU trains on.
  *
  * Memory. A region is an anonymous private mmap, so a vdev's memory is the
- * process's own and goes back to the system at release. A reserve larger
+ * process's own and goes back to the system at release; one of 2 MiB or
+ * more is aligned to and advised for huge pages (region_map). A reserve larger
  * than MemAvailable answers -ENOMEM up front (the kernel would overcommit and
  * the job would die later, far from the cause); device_memory reports RAM and
  * MemAvailable.
@@ -378,6 +379,40 @@ static int cpu_device_memory(gs_backend *b, int device_index, uint64_t *total,
   return 0;
 }
 
+/* A region of 2 MiB or more starts on a 2 MiB boundary and is advised
+ * MADV_HUGEPAGE: Linux then backs it with huge pages even where transparent
+ * huge pages are "madvise" only (Debian's default). A training step walks
+ * its weights, gradients and optimizer state (fashion-mlp: 3.8 MB) several
+ * times; on 4 KiB pages its rate swung more with the machine's load
+ * (135,000-144,000 samples/s on 2 threads, against 140,700-143,800 on huge
+ * pages, interleaved runs of gpushare-run). The unaligned head and tail of
+ * the larger mapping go straight back. */
+#define GS_CPU_HUGE_PAGE ((size_t)2 << 20)
+
+static void *region_map(size_t bytes) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t len = (bytes + page - 1) / page * page;
+  bool huge = false;
+#ifdef MADV_HUGEPAGE
+  huge = len >= GS_CPU_HUGE_PAGE;
+#endif
+  size_t span = huge ? len + GS_CPU_HUGE_PAGE : len;
+  char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED)
+    return NULL;
+  if (!huge)
+    return raw;
+  char *p = (char *)(((uintptr_t)raw + GS_CPU_HUGE_PAGE - 1) & ~(uintptr_t)(GS_CPU_HUGE_PAGE - 1));
+  if (p > raw)
+    munmap(raw, (size_t)(p - raw));
+  if (raw + span > p + len)
+    munmap(p + len, (size_t)(raw + span - (p + len)));
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, len, MADV_HUGEPAGE); /* advice: a kernel without THP refuses, no harm */
+#endif
+  return p;
+}
+
 static int cpu_region_reserve(gs_backend *b, int device_index, size_t bytes, void **region) {
   (void)b;
   (void)device_index;
@@ -386,11 +421,8 @@ static int cpu_region_reserve(gs_backend *b, int device_index, size_t bytes, voi
   int64_t avail = cpu_mem_available();
   if (avail >= 0 && bytes > (uint64_t)avail)
     return -ENOMEM;
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return -ENOMEM;
-  *region = p;
-  return 0;
+  *region = region_map(bytes);
+  return *region ? 0 : -ENOMEM;
 }
 
 static void cpu_region_release(gs_backend *b, int device_index, void *region, size_t bytes) {

@@ -471,6 +471,31 @@ Test(batch, slice_and_gather) {
   gs_dataset_free(&d); /* twice is harmless */
 }
 
+/* The gather's pixel conversion is x / 255 to the bit for every byte value,
+ * at every position of a row (the vector body and its tail), from either of
+ * the builds data.c picks between at load (x86-64-v3 or the baseline). */
+Test(batch, gather_pixels_exact) {
+  enum { W = 263 }; /* not a multiple of 8 or 32: a tail each row */
+  static uint8_t pix[256 * W];
+  int32_t lab[256] = {0};
+  for (int i = 0; i < 256; i++)
+    for (int p = 0; p < W; p++)
+      pix[i * W + p] = (uint8_t)(i + p);
+  gs_dataset d = {.n = 256, .h = 1, .w = W, .c = 1, .classes = 2, .images = pix, .labels = lab};
+  uint64_t idx[256];
+  for (int i = 0; i < 256; i++)
+    idx[i] = (uint64_t)(255 - i);
+  static float img[256 * W];
+  gs_dataset_gather_f32(&d, idx, 256, img, NULL);
+  for (int i = 0; i < 256; i++)
+    for (int p = 0; p < W; p++) {
+      volatile float v = (float)pix[idx[i] * W + p]; /* volatile: a real division */
+      float want = v / 255.0f;
+      cr_assert_eq(img[i * W + p], want, "pixel %u: %a, want %a", (unsigned)v,
+                   (double)img[i * W + p], (double)want);
+    }
+}
+
 Test(rng, splitmix64_reference_values) {
   /* splitmix64 from state 0 (Vigna's reference implementation). */
   uint64_t st = 0;

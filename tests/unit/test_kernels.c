@@ -836,6 +836,16 @@ Test(kernels, memory_and_execs) {
   memset(r, 0xab, 1 << 20);
   cr_expect_eq(((unsigned char *)r)[(1 << 20) - 1], 0xab);
   B->region_release(B, 0, r, 1 << 20);
+  /* 2 MiB and more: on a 2 MiB boundary (huge pages), every byte of an odd
+   * length usable, released whole; twice */
+  for (int rep = 0; rep < 2; rep++) {
+    size_t big = ((size_t)5 << 20) + 12345;
+    cr_assert_eq(B->region_reserve(B, 0, big, &r), 0);
+    cr_expect_eq((uintptr_t)r % ((uintptr_t)2 << 20), 0, "region %p not 2 MiB aligned", r);
+    memset(r, 0xcd, big);
+    cr_expect_eq(((unsigned char *)r)[big - 1], 0xcd);
+    B->region_release(B, 0, r, big);
+  }
   cr_expect_eq(B->region_reserve(B, 0, (size_t)1 << 60, &r), -ENOMEM);
   cr_expect_eq(B->region_reserve(B, 0, 0, &r), -EINVAL);
   gs_exec *ex;
