@@ -64,9 +64,18 @@ void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, s
                   float alpha, const float *a, size_t lda, const float *b, size_t ldb,
                   float beta, float *c, size_t ldc);
 
-/* Multiply-adds (M*N*K) below which gs_cpu_sgemm runs a GEMM on the calling
- * thread: a part smaller than this is not worth a worker's wake-up. */
-#define GS_CPU_GEMM_GRAIN ((size_t)1 << 19)
+/* Multiply-adds (M*N*K) a part of gs_cpu_sgemm has at least; a smaller
+ * GEMM runs on the calling thread. A part of 2^16 is 1.5 us of OpenBLAS at
+ * 90 GFLOP/s; a spinning worker starts on a posted range within 0.2 us.
+ * It was 2^19, which kept fashion-mlp's 128x128 -> 10 head (164,000) on
+ * one thread: 7.6 us there, 3.9 us a half. */
+#define GS_CPU_GEMM_GRAIN ((size_t)1 << 16)
+
+/* Multiply-adds under which a layer's two backward GEMMs run side by side,
+ * one on each of two threads (gs_cpu_linear_backward), rather than each
+ * split over the threads in turn: fashion-mlp's 128x10 head, one of those
+ * (dx) alone 10 us on a thread. */
+#define GS_CPU_GEMM_PAIR_MAX ((size_t)1 << 19)
 
 /* gs_cpu_sgemm on the calling thread only: for a part of a parallel range,
  * which may not post a range of its own. */
