@@ -86,7 +86,7 @@ struct gs_train {
   double last_device_seconds; /* device time of the last gs_train_steps call */
   gs_dtype dt;
   bool mixed, fp16;
-  bool grads_zero;       /* every gradient is zero: the last step cleared them */
+  bool grads_zero;       /* every gradient is zero: the last optimizer step consumed them */
   lstate *ls;
   uint32_t first_param;  /* lowest layer with parameters: backward stops there */
 
@@ -717,7 +717,6 @@ static int optimizer_step(gs_train *t, gs_err *e) {
       else
         OP(b->sgd_step(t->ex, s->master[p], s->grad[p], s->m[p], cnt, lr,
                        t->r.momentum, t->r.nesterov, t->r.weight_decay, skip));
-      OP(b->zero(t->ex, s->grad[p], cnt * sizeof(float))); /* for the next step */
     }
   }
   int rc = refresh_working(t, e);
@@ -737,11 +736,10 @@ static int do_step(gs_train *t, gs_err *e) {
   double t0 = now_s();
   int rc;
   ensure_perm(t);
-  /* Gradients accumulate from zero. optimizer_step clears each one right
-   * after its update, while its lines are still in cache (here, at the top
-   * of the next step, the clear took twice as long: fashion-mlp, 17 us of a
-   * 0.9 ms step); only a first step, or one after a step that failed, clears
-   * them here. */
+  /* Gradients accumulate from zero. The optimizer step consumes them: it
+   * leaves each one zero, in the pass that reads it (backend.h), where a
+   * clear here at the top of a step took 17 us of fashion-mlp's 0.9 ms;
+   * only a first step, or one after a step that failed, clears them here. */
   if (!t->grads_zero)
     for (uint32_t i = 0; i < m->n_layers; i++)
       for (uint32_t p = 0; p < m->layers[i].n_params; p++)

@@ -262,9 +262,11 @@ int gs_cpu_loss_scale_update(gs_exec *ex, float *scale, int32_t *good, int32_t *
 
 /* ---- optimizers ---- */
 
+/* Both optimizers consume g: each element is cleared right after it is
+ * read, in the same pass (backend.h), and a skipped step clears it too. */
+
 struct sgd_job {
-  float *w, *m;
-  const float *g;
+  float *w, *m, *g;
   float lr, momentum, wd;
   bool nesterov;
 };
@@ -272,29 +274,34 @@ struct sgd_job {
 GS_CPU_HOT static void sgd_part(void *ctx, size_t lo, size_t hi) {
   const struct sgd_job *j = ctx;
   float *restrict w = j->w, *restrict m = j->m; /* as adam_part: vectorisable */
-  const float *restrict g = j->g;
+  float *restrict g = j->g;
   const float lr = j->lr, mu = j->momentum, wd = j->wd;
   const bool nesterov = j->nesterov;
   if (mu > 0.0f) {
     for (size_t i = lo; i < hi; i++) {
       float gi = g[i] + wd * w[i];
+      g[i] = 0.0f;
       float mi = mu * m[i] + gi;
       m[i] = mi;
       w[i] -= lr * (nesterov ? gi + mu * mi : mi);
     }
   } else {
-    for (size_t i = lo; i < hi; i++)
+    for (size_t i = lo; i < hi; i++) {
       w[i] -= lr * (g[i] + wd * w[i]);
+      g[i] = 0.0f;
+    }
   }
 }
 
 /* w, g, m (count) f32; m may be NULL when momentum == 0. */
-int gs_cpu_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t count, float lr,
+int gs_cpu_sgd_step(gs_exec *ex, float *w, float *g, float *m, size_t count, float lr,
                     float momentum, bool nesterov, float weight_decay, const int32_t *skip) {
-  if (skip && *skip)
-    return 0;
   if (momentum > 0.0f && !m)
     return -EINVAL;
+  if (skip && *skip) {
+    memset(g, 0, count * sizeof *g);
+    return 0;
+  }
   struct sgd_job j = {.w = w, .m = m, .g = g, .lr = lr, .momentum = momentum,
                       .wd = weight_decay, .nesterov = nesterov};
   gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN / 4, sgd_part, &j);
@@ -302,8 +309,7 @@ int gs_cpu_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t coun
 }
 
 struct adam_job {
-  float *w, *m, *v;
-  const float *g;
+  float *w, *m, *v, *g;
   float lr, b1, b2, eps, wd, bc1, bc2;
   bool decoupled;
 };
@@ -314,8 +320,7 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
    * job's fields, so the loop vectorises (sqrtf inlines with -fno-math-errno,
    * kernels/CMakeLists.txt); before, it ran scalar and took a fifth of an
    * MLP step. */
-  float *restrict w = j->w, *restrict m = j->m, *restrict v = j->v;
-  const float *restrict g = j->g;
+  float *restrict w = j->w, *restrict m = j->m, *restrict v = j->v, *restrict g = j->g;
   const float lr = j->lr, b1 = j->b1, b2 = j->b2, eps = j->eps, wd = j->wd;
   const float cwd = j->decoupled ? 0.0f : wd, dwd = j->decoupled ? lr * wd : 0.0f;
   /* lr * (m / bc1) / (sqrt(v / bc2) + eps), arranged as PyTorch's Adam does
@@ -327,6 +332,7 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
   for (size_t i = lo; i < hi; i++) {
     float wi = w[i];
     float gi = g[i] + cwd * wi;
+    g[i] = 0.0f;
     float mi = b1 * m[i] + (1.0f - b1) * gi;
     float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
@@ -337,13 +343,15 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
 }
 
 /* w, g, m, v (count) f32; t is the 1-based step after this update. */
-int gs_cpu_adam_step(gs_exec *ex, float *w, const float *g, float *m, float *v, size_t count,
+int gs_cpu_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t count,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      bool decoupled, uint64_t t, const int32_t *skip) {
-  if (skip && *skip)
-    return 0;
   if (t == 0)
     return -EINVAL; /* bias correction would divide by zero */
+  if (skip && *skip) {
+    memset(g, 0, count * sizeof *g);
+    return 0;
+  }
   struct adam_job j = {.w = w, .m = m, .v = v, .g = g, .lr = lr, .b1 = beta1, .b2 = beta2,
                        .eps = eps, .wd = weight_decay, .decoupled = decoupled,
                        .bc1 = (float)(1.0 - pow((double)beta1, (double)t)),

@@ -187,9 +187,9 @@ int gs_cpu_unscale_check(gs_exec *ex, float *g, size_t count, const float *scale
                          int32_t *found_inf);
 int gs_cpu_loss_scale_update(gs_exec *ex, float *scale, int32_t *good, int32_t *found_inf,
                              int64_t *skipped, uint32_t growth_interval);
-int gs_cpu_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t count, float lr,
+int gs_cpu_sgd_step(gs_exec *ex, float *w, float *g, float *m, size_t count, float lr,
                     float momentum, bool nesterov, float weight_decay, const int32_t *skip);
-int gs_cpu_adam_step(gs_exec *ex, float *w, const float *g, float *m, float *v, size_t count,
+int gs_cpu_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t count,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      bool decoupled, uint64_t t, const int32_t *skip);
 

@@ -777,24 +777,29 @@ int gs_cuda_loss_scale_update(gs_exec *ex, float *scale, int32_t *good, int32_t 
 
 /* ---- optimizers ---- */
 
-__global__ void sgd_k(float *w, const float *g, float *m, size_t count, float lr, float mu,
+/* Both optimizers consume g (backend.h): each element is cleared once read,
+ * and a skipped step clears it too. */
+__global__ void sgd_k(float *w, float *g, float *m, size_t count, float lr, float mu,
                       bool nesterov, float wd, const int32_t *skip) {
-  if (skip && *skip)
-    return;
+  const bool skipped = skip && *skip;
   GS_GRID_STRIDE(i, count) {
-    if (mu > 0.0f) {
+    if (skipped) {
+      g[i] = 0.0f;
+    } else if (mu > 0.0f) {
       float gi = g[i] + wd * w[i];
+      g[i] = 0.0f;
       float mi = mu * m[i] + gi;
       m[i] = mi;
       w[i] -= lr * (nesterov ? gi + mu * mi : mi);
     } else {
       w[i] -= lr * (g[i] + wd * w[i]);
+      g[i] = 0.0f;
     }
   }
 }
 
 /* w, g, m (count) f32; m may be NULL when momentum == 0. */
-int gs_cuda_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t count, float lr,
+int gs_cuda_sgd_step(gs_exec *ex, float *w, float *g, float *m, size_t count, float lr,
                      float momentum, bool nesterov, float weight_decay, const int32_t *skip) {
   if (momentum > 0.0f && !m)
     return -EINVAL;
@@ -806,14 +811,18 @@ int gs_cuda_sgd_step(gs_exec *ex, float *w, const float *g, float *m, size_t cou
   return GS_LAUNCHED("sgd_step");
 }
 
-__global__ void adam_k(float *w, const float *g, float *m, float *v, size_t count, float lr,
+__global__ void adam_k(float *w, float *g, float *m, float *v, size_t count, float lr,
                        float b1, float b2, float eps, float cwd, float dwd, float bc1, float bc2,
                        const int32_t *skip) {
-  if (skip && *skip)
-    return;
+  const bool skipped = skip && *skip;
   GS_GRID_STRIDE(i, count) {
+    if (skipped) {
+      g[i] = 0.0f;
+      continue;
+    }
     float wi = w[i];
     float gi = g[i] + cwd * wi;
+    g[i] = 0.0f;
     float mi = b1 * m[i] + (1.0f - b1) * gi;
     float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
@@ -824,7 +833,7 @@ __global__ void adam_k(float *w, const float *g, float *m, float *v, size_t coun
 }
 
 /* w, g, m, v (count) f32; t is the 1-based step after this update. */
-int gs_cuda_adam_step(gs_exec *ex, float *w, const float *g, float *m, float *v, size_t count,
+int gs_cuda_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t count,
                       float lr, float beta1, float beta2, float eps, float weight_decay,
                       bool decoupled, uint64_t t, const int32_t *skip) {
   if (t == 0)

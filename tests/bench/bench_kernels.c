@@ -97,11 +97,9 @@ static void run(gs_backend *b, int threads) {
       b->dense_backward(ex, GS_F32, l ? g[l] : NULL, dw[l], db[l], g[l + 1], a[l], w[l], N, L[l],
                         L[l + 1], NULL);
     }
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < 3; l++) { /* each step consumes (zeroes) its gradient */
       b->sgd_step(ex, w[l], dw[l], m[l], (size_t)L[l] * L[l + 1], 0.01f, 0.9f, false, 0, NULL);
       b->sgd_step(ex, bb[l], db[l], NULL, L[l + 1], 0.01f, 0.0f, false, 0, NULL);
-      memset(dw[l], 0, (size_t)L[l] * L[l + 1] * 4);
-      memset(db[l], 0, L[l + 1] * 4);
     }
   });
   /* CNN / MobileNet-style layers, batch 128 */

@@ -666,51 +666,69 @@ static int case_loss_scale(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) 
 static int case_sgd(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   TC_BEGIN(env, dt, msg, len);
   size_t n = 100003;
-  float *w = hrand(t, GS_F32, n, 1), *g = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 1);
+  float *w = hrand(t, GS_F32, n, 1), *g0 = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 1);
+  float *g = halloc(t, n * 4), *zeros = halloc(t, n * 4);
   int32_t one = 1, zero = 0;
-  float *gw = dput(t, w, n * 4), *gg = dput(t, g, n * 4), *gm = dput(t, m, n * 4);
+  float *gw = dput(t, w, n * 4), *gg = dput(t, g0, n * 4), *gm = dput(t, m, n * 4);
   int32_t *gone = dput(t, &one, 4), *gzero = dput(t, &zero, 4);
   if (t->err)
     return tc_end(t);
-  for (int nesterov = 0; nesterov < 2; nesterov++) {
-    tc_call(t, "cpu sgd", C->sgd_step(CX, w, g, m, n, 0.1f, 0.9f, nesterov, 0.01f, NULL));
-    tc_call(t, "gpu sgd", G->sgd_step(GX, gw, gg, gm, n, 0.1f, 0.9f, nesterov, 0.01f, gzero));
+  /* each step consumes (zeroes) its gradient: both sides start from g0 */
+  for (int nesterov = 0; nesterov < 3; nesterov++) {
+    bool mom = nesterov < 2;
+    memcpy(g, g0, n * 4);
+    tc_call(t, "gpu g", G->copy_in(GX, gg, g0, n * 4));
+    tc_call(t, "cpu sgd", C->sgd_step(CX, w, g, mom ? m : NULL, n, mom ? 0.1f : 0.05f,
+                                      mom ? 0.9f : 0.0f, nesterov == 1, mom ? 0.01f : 0.0f,
+                                      NULL));
+    tc_call(t, "gpu sgd", G->sgd_step(GX, gw, gg, mom ? gm : NULL, n, mom ? 0.1f : 0.05f,
+                                      mom ? 0.9f : 0.0f, nesterov == 1, mom ? 0.01f : 0.0f,
+                                      mom ? gzero : NULL));
+    cmp_bits(t, "sgd g consumed (cpu)", zeros, g, n * 4, 4);
+    cmp_bits(t, "sgd g consumed (gpu)", zeros, dget(t, gg, n * 4), n * 4, 4);
   }
-  tc_call(t, "cpu sgd", C->sgd_step(CX, w, g, NULL, n, 0.05f, 0.0f, false, 0.0f, NULL));
-  tc_call(t, "gpu sgd", G->sgd_step(GX, gw, gg, NULL, n, 0.05f, 0.0f, false, 0.0f, NULL));
-  /* skip: nothing moves */
+  /* skip: nothing moves, and the gradient is still consumed */
+  tc_call(t, "gpu g", G->copy_in(GX, gg, g0, n * 4));
   tc_call(t, "gpu sgd (skip)", G->sgd_step(GX, gw, gg, gm, n, 0.1f, 0.9f, false, 0.01f, gone));
   cmp(t, "sgd w", GS_F32, w, dget(t, gw, n * 4), n, 1e-7, 1e-6);
   cmp(t, "sgd m", GS_F32, m, dget(t, gm, n * 4), n, 1e-7, 1e-6);
+  cmp_bits(t, "sgd g consumed by a skipped step", zeros, dget(t, gg, n * 4), n * 4, 4);
   return tc_end(t);
 }
 
 static int case_adam(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   TC_BEGIN(env, dt, msg, len);
   size_t n = 100003;
-  float *w = hrand(t, GS_F32, n, 1), *g = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 0.1f);
-  float *v = halloc(t, n * 4);
+  float *w = hrand(t, GS_F32, n, 1), *g0 = hrand(t, GS_F32, n, 1), *m = hrand(t, GS_F32, n, 0.1f);
+  float *v = halloc(t, n * 4), *g = halloc(t, n * 4), *zeros = halloc(t, n * 4);
   int32_t one = 1;
-  if (!v)
+  if (!v || !g || !zeros)
     return tc_end(t);
   for (size_t i = 0; i < n; i++)
     v[i] = fabsf(urand()) * 0.01f;
-  float *gw = dput(t, w, n * 4), *gg = dput(t, g, n * 4), *gm = dput(t, m, n * 4);
+  float *gw = dput(t, w, n * 4), *gg = dput(t, g0, n * 4), *gm = dput(t, m, n * 4);
   float *gv = dput(t, v, n * 4);
   int32_t *gone = dput(t, &one, 4);
   if (t->err)
     return tc_end(t);
+  /* each step consumes (zeroes) its gradient: both sides start from g0 */
   for (int dec = 0; dec < 2; dec++) {
+    memcpy(g, g0, n * 4);
+    tc_call(t, "gpu g", G->copy_in(GX, gg, g0, n * 4));
     tc_call(t, "cpu adam",
             C->adam_step(CX, w, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, dec, 3 + dec, NULL));
     tc_call(t, "gpu adam", G->adam_step(GX, gw, gg, gm, gv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f,
                                         dec, 3 + dec, NULL));
+    cmp_bits(t, "adam g consumed (cpu)", zeros, g, n * 4, 4);
+    cmp_bits(t, "adam g consumed (gpu)", zeros, dget(t, gg, n * 4), n * 4, 4);
   }
+  tc_call(t, "gpu g", G->copy_in(GX, gg, g0, n * 4));
   tc_call(t, "gpu adam (skip)",
           G->adam_step(GX, gw, gg, gm, gv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, false, 5, gone));
   cmp(t, "adam w", GS_F32, w, dget(t, gw, n * 4), n, 1e-7, 1e-6);
   cmp(t, "adam m", GS_F32, m, dget(t, gm, n * 4), n, 1e-7, 1e-6);
   cmp(t, "adam v", GS_F32, v, dget(t, gv, n * 4), n, 1e-9, 1e-6);
+  cmp_bits(t, "adam g consumed by a skipped step", zeros, dget(t, gg, n * 4), n * 4, 4);
   return tc_end(t);
 }
 

@@ -779,24 +779,33 @@ Test(kernels, loss_scale_update) {
 /* ---- optimizers ---- */
 
 Test(kernels, sgd_hand_computed) {
-  /* g' = 0.5 + 0.01*1 = 0.51; m = 0.9*0.2 + 0.51 = 0.69 */
+  /* g' = 0.5 + 0.01*1 = 0.51; m = 0.9*0.2 + 0.51 = 0.69. Every step
+   * consumes the gradient: g is 0 after it, skipped or not. */
   float w = 1.0f, g = 0.5f, m = 0.2f;
   cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, NULL), 0);
   cr_expect(fabsf(w - 0.931f) < 1e-6f, "momentum: %.9g", w);
   cr_expect(fabsf(m - 0.69f) < 1e-6f, "m: %.9g", m);
-  w = 1.0f, m = 0.2f;
+  cr_expect(g == 0.0f && !signbit(g), "g consumed: %g", g);
+  w = 1.0f, m = 0.2f, g = 0.5f;
   cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, true, 0.01f, NULL), 0);
   cr_expect(fabsf(w - 0.8869f) < 1e-6f, "nesterov: %.9g", w); /* 1 - 0.1*(0.51 + 0.9*0.69) */
-  w = 1.0f;
+  cr_expect(g == 0.0f);
+  w = 1.0f, g = 0.5f;
   cr_assert_eq(B->sgd_step(EX, &w, &g, NULL, 1, 0.1f, 0.0f, false, 0.01f, NULL), 0);
   cr_expect(fabsf(w - 0.949f) < 1e-6f, "plain: %.9g", w);
+  cr_expect(g == 0.0f);
   int32_t skip = 1;
-  w = 1.0f, m = 0.2f;
+  w = 1.0f, m = 0.2f, g = INFINITY;
   cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, &skip), 0);
   cr_expect(w == 1.0f && m == 0.2f, "skip leaves weights and momentum");
-  skip = 0;
+  cr_expect(g == 0.0f, "a skipped step clears the overflowed gradient: %g", g);
+  skip = 0, g = 0.5f;
   cr_assert_eq(B->sgd_step(EX, &w, &g, &m, 1, 0.1f, 0.9f, false, 0.01f, &skip), 0);
   cr_expect(fabsf(w - 0.931f) < 1e-6f);
+  /* momentum without a buffer: refused, nothing consumed */
+  g = 0.5f;
+  cr_expect_eq(B->sgd_step(EX, &w, &g, NULL, 1, 0.1f, 0.9f, false, 0.01f, NULL), -EINVAL);
+  cr_expect(g == 0.5f);
 }
 
 Test(kernels, adam_hand_computed) {
@@ -808,20 +817,29 @@ Test(kernels, adam_hand_computed) {
   cr_expect(fabsf(m - 0.085f) < 1e-7f, "m %.9g", m);
   cr_expect(fabsf(v - 0.0099925f) < 1e-8f, "v %.9g", v);
   cr_expect(fabs(w - 1.4982822656599715) < 2e-6, "adam w %.9g", w);
-  w = 1.5f, m = 0.1f, v = 0.01f;
+  cr_expect(g == 0.0f && !signbit(g), "g consumed: %g", g);
+  w = 1.5f, m = 0.1f, v = 0.01f, g = -0.2f;
   cr_assert_eq(B->adam_step(EX, &w, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 3, NULL), 0);
   cr_expect(fabsf(m - 0.07f) < 1e-7f, "m %.9g", m);
   cr_expect(fabsf(v - 0.01003f) < 1e-8f, "v %.9g", v);
   cr_expect(fabs(w - 1.4970880421763182) < 2e-6, "adamw w %.9g", w);
+  cr_expect(g == 0.0f);
   /* first step: the bias correction makes the update lr * sign(g) */
   float w1[3] = {0, 0, 0}, g1[3] = {0.3f, -2.0f, 1e-3f}, m1[3] = {0}, v1[3] = {0};
   cr_assert_eq(B->adam_step(EX, w1, g1, m1, v1, 3, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, false, 1, NULL), 0);
   cr_expect(fabsf(w1[0] + 0.1f) < 1e-5f && fabsf(w1[1] - 0.1f) < 1e-5f && fabsf(w1[2] + 0.1f) < 1e-4f,
             "%g %g %g", w1[0], w1[1], w1[2]);
+  cr_expect(g1[0] == 0.0f && g1[1] == 0.0f && g1[2] == 0.0f);
   int32_t skip = 1;
   float ws = 2.0f, ms = 0.5f, vs = 0.25f;
+  g = NAN;
   cr_assert_eq(B->adam_step(EX, &ws, &g, &ms, &vs, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 5, &skip), 0);
-  cr_expect(ws == 2.0f && ms == 0.5f && vs == 0.25f, "skip leaves everything");
+  cr_expect(ws == 2.0f && ms == 0.5f && vs == 0.25f, "skip leaves w, m and v");
+  cr_expect(g == 0.0f, "a skipped step clears the overflowed gradient: %g", g);
+  /* t = 0: refused, nothing consumed */
+  g = -0.2f;
+  cr_expect_eq(B->adam_step(EX, &ws, &g, &ms, &vs, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 0, NULL), -EINVAL);
+  cr_expect(g == -0.2f);
 }
 
 /* ---- device, memory, execs ---- */
