@@ -7,11 +7,16 @@
 #
 # usage: tests/bench/bench_train.sh [BUILD_DIR]
 #   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" ROUNDS=1
-#   TORCH_START=gpushare to change
+#   SEEDS="" TORCH_START=gpushare to change
 #   the run. ROUNDS=N runs both sides N times, alternating, and takes each
 #   side's best samples/s: on a shared machine the load of the moment moves
 #   either side by tens of percent, and the best run is the one it moved
 #   least (accuracies are the first round's; both sides are seeded).
+#   SEEDS="1 2 3" trains each model from each of those seeds instead of the
+#   example's own (the job re-encoded with protoc, PyTorch given --seed) and
+#   prints the mean accuracies, each seed's under the table: one epoch of
+#   the MobileNet moves by points with any change of rounding, a seed or a
+#   thread count or how a GEMM is split, on both sides.
 # PyTorch starts from gpushare-run's own initial weights and data order
 # (torch_ref.py --start gpushare), so the two accuracies differ only by the
 # arithmetic and compare after one epoch; TORCH_START=torch gives PyTorch its
@@ -27,6 +32,8 @@ THREADS=${THREADS:-2}
 MAX_STEPS=${MAX_STEPS:-0}
 MODELS=${MODELS:-"mlp cnn mobilenet"}
 ROUNDS=${ROUNDS:-1}
+SEEDS=${SEEDS:-}
+PROTOC=${PROTOC:-protoc}
 PY=${PY:-/usr/bin/python3}
 TORCH_START=${TORCH_START:-gpushare}
 run=$build/daemon/train/gpushare-run
@@ -40,37 +47,67 @@ jget() { # jget FILE KEY: a number from the last line's JSON object
   tail -n 1 "$1" | "$PY" -c "import json,sys; v=json.load(sys.stdin).get('$2'); print('nan' if v is None else v)"
 }
 
+if [ -n "$SEEDS" ] && ! command -v "$PROTOC" >/dev/null 2>&1; then
+  echo "bench_train: SEEDS needs protoc to re-encode the jobs (apt-get install protobuf-compiler)" >&2
+  exit 2
+fi
+for s in $SEEDS; do
+  case $s in ''|*[!0-9]*) echo "bench_train: SEEDS: '$s' is not a seed (a non-negative integer)" >&2; exit 2 ;; esac
+done
+: > "$tmp/seeds"
 printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch
 for m in $MODELS; do
-  job=$build/examples/fashion-$m.pb
-  [ -f "$job" ] || { echo "bench_train: $job missing" >&2; exit 1; }
+  [ -f "$build/examples/fashion-$m.pb" ] || { echo "bench_train: $build/examples/fashion-$m.pb missing" >&2; exit 1; }
   ms=""
   [ "$MAX_STEPS" != 0 ] && ms="--max-steps $MAX_STEPS"
   sched=constant  # the example's learning-rate schedule, for the peer too
   grep -q 'kind: COSINE' "$src/examples/fashion-$m.txtpb" && sched=cosine
-  gs_sps=0; pt_sps=0; gs_acc=; pt_acc=
-  r=0
-  while [ "$r" -lt "$ROUNDS" ]; do
-    r=$((r + 1))
-    # shellcheck disable=SC2086
-    "$run" "$job" --json --epochs "$EPOCHS" --threads "$THREADS" $ms > "$tmp/gs.$m" 2> "$tmp/gs.$m.err" ||
-      { echo "bench_train: gpushare-run failed on $m:" >&2; cat "$tmp/gs.$m.err" >&2; exit 1; }
-    gs_sps=$("$PY" -c "print(max($gs_sps, $(jget "$tmp/gs.$m" samples_per_second)))")
-    [ -n "$gs_acc" ] || gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
-    if [ $have_torch = 1 ]; then
-      "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
-        --max-steps "$MAX_STEPS" --schedule "$sched" --start "$TORCH_START" > "$tmp/pt.$m"
-      pt_sps=$("$PY" -c "print(max($pt_sps, $(jget "$tmp/pt.$m" samples_per_second)))")
-      [ -n "$pt_acc" ] || pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
+  own=$(sed -n 's/^seed: *\([0-9]*\).*/\1/p' "$src/examples/fashion-$m.txtpb")
+  gs_sps=0; pt_sps=0; gs_accs=; pt_accs=
+  for seed in ${SEEDS:-${own:-1}}; do
+    job=$build/examples/fashion-$m.pb
+    if [ -n "$SEEDS" ]; then
+      job=$tmp/fashion-$m.$seed.pb
+      sed "s/^seed: .*/seed: $seed/" "$src/examples/fashion-$m.txtpb" |
+        "$PROTOC" --encode=gpushare.v1.JobSpec --proto_path="$src/proto" gpushare.proto > "$job"
     fi
+    gs_acc=; pt_acc=
+    r=0
+    while [ "$r" -lt "$ROUNDS" ]; do
+      r=$((r + 1))
+      # shellcheck disable=SC2086
+      "$run" "$job" --json --epochs "$EPOCHS" --threads "$THREADS" $ms > "$tmp/gs.$m" 2> "$tmp/gs.$m.err" ||
+        { echo "bench_train: gpushare-run failed on $m:" >&2; cat "$tmp/gs.$m.err" >&2; exit 1; }
+      gs_sps=$("$PY" -c "print(max($gs_sps, $(jget "$tmp/gs.$m" samples_per_second)))")
+      [ -n "$gs_acc" ] || gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
+      if [ $have_torch = 1 ]; then
+        "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
+          --max-steps "$MAX_STEPS" --schedule "$sched" --start "$TORCH_START" \
+          --seed "$seed" > "$tmp/pt.$m"
+        pt_sps=$("$PY" -c "print(max($pt_sps, $(jget "$tmp/pt.$m" samples_per_second)))")
+        [ -n "$pt_acc" ] || pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
+      fi
+    done
+    gs_accs="$gs_accs $gs_acc"
+    pt_accs="$pt_accs ${pt_acc:-nan}"
+    echo "  $m seed $seed: accuracy gpushare $gs_acc, PyTorch ${pt_acc:-n/a}" >> "$tmp/seeds"
   done
+  mean() { "$PY" -c "import sys; v=[float(x) for x in sys.argv[1:]]; print('%.4f' % (sum(v) / len(v)))" "$@"; }
+  # shellcheck disable=SC2086
+  gs_acc=$(mean $gs_accs)
   if [ $have_torch = 1 ]; then
     ratio=$("$PY" -c "print('%.2f' % ($gs_sps / $pt_sps))")
     pt_sps=$("$PY" -c "print('%.0f' % $pt_sps)")
+    # shellcheck disable=SC2086
+    pt_acc=$(mean $pt_accs)
   else
     pt_sps=n/a; pt_acc=n/a; ratio=n/a
   fi
   printf '%-10s %14.0f %14s %8s %10.4f %10s\n' "$m" "$gs_sps" "$pt_sps" "$ratio" "$gs_acc" "$pt_acc"
 done
+if [ -n "$SEEDS" ]; then
+  echo "accuracies: the mean over seeds $SEEDS; each seed's:"
+  cat "$tmp/seeds"
+fi
 [ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
 echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, best of $ROUNDS round(s) each; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
