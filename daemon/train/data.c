@@ -356,10 +356,10 @@ fail:
 /* Images of a big set on 2 MiB pages. A batch gathers examples from
  * anywhere in the set, each a TLB miss on 4 KiB pages (fashion-mlp's gather
  * of a batch: 26 us of a 0.9 ms step on 4 KiB pages, 19 us on 2 MiB ones,
- * `gpushare-run --threads 2`). Linux backs a
- * 2 MiB-aligned range advised MADV_HUGEPAGE with huge pages even where
- * transparent huge pages are "madvise" only, Debian's default. Below
- * HUGE_MIN, or where that fails, the ordinary heap. */
+ * `gpushare-run --threads 2`). Linux backs a 2 MiB-aligned range advised
+ * MADV_HUGEPAGE with huge pages even where transparent huge pages are
+ * "madvise" only, Debian's default. Below HUGE_MIN, or where that fails,
+ * the ordinary heap. */
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)4 << 20)
 

@@ -206,11 +206,11 @@ void gs_cpu_parallel(gs_exec *ex, size_t n, size_t grain, gs_cpu_range_fn fn, vo
 
 /* ---- GEMM split over the exec's threads ---- */
 
-/* Rows (or columns) per block: parts are whole blocks. 8, one AVX vector
- * of C, not 16: fashion-mlp's dW1 is 784 rows, 49 blocks of 16, and the
- * thread with 25 of them kept the one with 24 waiting (15-30 us a step on
- * 2 threads); 98 blocks of 8 split evenly, and a part ending on an
- * 8-row edge ran no slower (the first thread's part of dW1 took as long). */
+/* Rows (or columns) per block: parts are whole blocks. 8, not 16:
+ * fashion-mlp's dW1 is 784 rows, 49 blocks of 16, and the thread with 25
+ * of them kept the one with 24 waiting (15-30 us a step on 2 threads); 98
+ * blocks of 8 split evenly, and a part ending on an 8-row edge ran no
+ * slower (the first thread's part of dW1 took as long). */
 #define GS_CPU_GEMM_BLOCK 8
 
 struct sgemm_job {
