@@ -362,6 +362,10 @@ fail:
  * the ordinary heap. */
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)4 << 20)
+/* A loaded set is moved (images_rehome) only up to this: the move holds two
+ * copies for a moment, and a bigger set keeps its 4 KiB pages rather than
+ * double the loader's peak. */
+#define HUGE_REHOME_MAX ((size_t)1 << 30)
 
 static void *images_alloc(size_t bytes) {
 #ifdef MADV_HUGEPAGE
@@ -375,9 +379,9 @@ static void *images_alloc(size_t bytes) {
 }
 
 /* buf (bytes, from the heap) moved to images_alloc's memory where that is
- * huge pages; buf itself otherwise. */
+ * huge pages, up to HUGE_REHOME_MAX; buf itself otherwise. */
 static uint8_t *images_rehome(uint8_t *buf, size_t bytes) {
-  if (bytes < HUGE_MIN) return buf;
+  if (bytes < HUGE_MIN || bytes > HUGE_REHOME_MAX) return buf;
   uint8_t *p = images_alloc(bytes);
   if (!p) return buf;
   memcpy(p, buf, bytes);

@@ -312,7 +312,7 @@ void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a
                                    .ldb = ldb, .ldc = ldc});
 }
 
-/* db (F) += column sums of dout (M, F), columns [lo*16, hi*16) */
+/* db (F) += column sums of dout (M, F), columns [lo, hi) * GS_CPU_GEMM_BLOCK */
 struct bias_grad_job {
   float *db;
   const float *dout;
@@ -391,17 +391,21 @@ static int cpu_device_memory(gs_backend *b, int device_index, uint64_t *total,
 
 static void *region_map(size_t bytes) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (bytes > SIZE_MAX - GS_CPU_HUGE_PAGE - page)
+    return NULL; /* no machine has it; and the sums below must not wrap */
   size_t len = (bytes + page - 1) / page * page;
   bool huge = false;
 #ifdef MADV_HUGEPAGE
   huge = len >= GS_CPU_HUGE_PAGE;
 #endif
-  size_t span = huge ? len + GS_CPU_HUGE_PAGE : len;
-  char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED)
-    return NULL;
-  if (!huge)
-    return raw;
+  char *raw = MAP_FAILED;
+  size_t span = len + GS_CPU_HUGE_PAGE;
+  if (huge)
+    raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) { /* small, or no room for the aligned span: as asked */
+    raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return raw == MAP_FAILED ? NULL : raw;
+  }
   char *p = (char *)(((uintptr_t)raw + GS_CPU_HUGE_PAGE - 1) & ~(uintptr_t)(GS_CPU_HUGE_PAGE - 1));
   if (p > raw)
     munmap(raw, (size_t)(p - raw));

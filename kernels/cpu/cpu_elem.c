@@ -299,7 +299,8 @@ int gs_cpu_sgd_step(gs_exec *ex, float *w, float *g, float *m, size_t count, flo
   if (momentum > 0.0f && !m)
     return -EINVAL;
   if (skip && *skip) {
-    memset(g, 0, count * sizeof *g);
+    if (count)
+      memset(g, 0, count * sizeof *g);
     return 0;
   }
   struct sgd_job j = {.w = w, .m = m, .g = g, .lr = lr, .momentum = momentum,
@@ -349,7 +350,8 @@ int gs_cpu_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t
   if (t == 0)
     return -EINVAL; /* bias correction would divide by zero */
   if (skip && *skip) {
-    memset(g, 0, count * sizeof *g);
+    if (count)
+      memset(g, 0, count * sizeof *g);
     return 0;
   }
   struct adam_job j = {.w = w, .m = m, .v = v, .g = g, .lr = lr, .b1 = beta1, .b2 = beta2,

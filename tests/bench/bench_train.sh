@@ -51,9 +51,15 @@ if [ -n "$SEEDS" ] && ! command -v "$PROTOC" >/dev/null 2>&1; then
   echo "bench_train: SEEDS needs protoc to re-encode the jobs (apt-get install protobuf-compiler)" >&2
   exit 2
 fi
+nseeds=0
 for s in $SEEDS; do
-  case $s in ''|*[!0-9]*) echo "bench_train: SEEDS: '$s' is not a seed (a non-negative integer)" >&2; exit 2 ;; esac
+  # decimal only: protoc's text format reads a leading 0 as octal
+  case $s in ''|*[!0-9]*|0?*) echo "bench_train: SEEDS: '$s' is not a seed (a decimal integer, no leading zeros)" >&2; exit 2 ;; esac
+  nseeds=$((nseeds + 1))
 done
+if [ -n "$SEEDS" ] && [ "$nseeds" = 0 ]; then
+  echo "bench_train: SEEDS is set but names no seed" >&2; exit 2
+fi
 : > "$tmp/seeds"
 printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch
 for m in $MODELS; do
@@ -67,6 +73,8 @@ for m in $MODELS; do
   for seed in ${SEEDS:-${own:-1}}; do
     job=$build/examples/fashion-$m.pb
     if [ -n "$SEEDS" ]; then
+      grep -q '^seed:' "$src/examples/fashion-$m.txtpb" ||
+        { echo "bench_train: examples/fashion-$m.txtpb has no top-level seed: line to replace" >&2; exit 1; }
       job=$tmp/fashion-$m.$seed.pb
       sed "s/^seed: .*/seed: $seed/" "$src/examples/fashion-$m.txtpb" |
         "$PROTOC" --encode=gpushare.v1.JobSpec --proto_path="$src/proto" gpushare.proto > "$job"
@@ -110,4 +118,6 @@ if [ -n "$SEEDS" ]; then
   cat "$tmp/seeds"
 fi
 [ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
-echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, best of $ROUNDS round(s) each; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
+best="best of $ROUNDS round(s) each"
+[ -n "$SEEDS" ] && best="best of $((ROUNDS * nseeds)) runs each ($ROUNDS round(s) x $nseeds seeds)"
+echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, $best; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"

@@ -472,8 +472,8 @@ Test(batch, slice_and_gather) {
 }
 
 /* The gather's pixel conversion is x / 255 to the bit for every byte value,
- * at every position of a row (the vector body and its tail), from either of
- * the builds data.c picks between at load (x86-64-v3 or the baseline). */
+ * at every position of a row (the vector body and its tail), in the build
+ * data.c picked at load for this CPU (x86-64-v3 or the baseline). */
 Test(batch, gather_pixels_exact) {
   enum { W = 263 }; /* not a multiple of 8 or 32: a tail each row */
   static uint8_t pix[256 * W];
