@@ -389,23 +389,23 @@ static int cpu_device_memory(gs_backend *b, int device_index, uint64_t *total,
  * the larger mapping go straight back. */
 #define GS_CPU_HUGE_PAGE ((size_t)2 << 20)
 
+static char *anon_map(size_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
 static void *region_map(size_t bytes) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (bytes > SIZE_MAX - GS_CPU_HUGE_PAGE - page)
     return NULL; /* no machine has it; and the sums below must not wrap */
-  size_t len = (bytes + page - 1) / page * page;
-  bool huge = false;
+  size_t len = (bytes + page - 1) / page * page, span = len + GS_CPU_HUGE_PAGE;
 #ifdef MADV_HUGEPAGE
-  huge = len >= GS_CPU_HUGE_PAGE;
+  char *raw = len >= GS_CPU_HUGE_PAGE ? anon_map(span) : NULL;
+#else
+  char *raw = NULL;
 #endif
-  char *raw = MAP_FAILED;
-  size_t span = len + GS_CPU_HUGE_PAGE;
-  if (huge)
-    raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) { /* small, or no room for the aligned span: as asked */
-    raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return raw == MAP_FAILED ? NULL : raw;
-  }
+  if (!raw) /* small, or no room for the aligned span: as asked */
+    return anon_map(len);
   char *p = (char *)(((uintptr_t)raw + GS_CPU_HUGE_PAGE - 1) & ~(uintptr_t)(GS_CPU_HUGE_PAGE - 1));
   if (p > raw)
     munmap(raw, (size_t)(p - raw));

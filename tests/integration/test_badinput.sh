@@ -234,10 +234,7 @@ t "submit of a file that is not a JobSpec" 1 "$FILES/magic" A submit "$FILES/mag
 # The watcher stays connected until the job's final event, so that no event
 # is written to a closed connection (see the report on SIGPIPE).
 group watch
-# A job that runs until cancelled, long by its size (20 million steps of a
-# 64-256-4 net: hours), not by a step count that faster steps would finish.
-LONG='model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 4 } } } train { synthetic { examples: 65536 seed: 1 classes: 4 } } batch_size: 32 epochs: 10000'
-spec long "vdev: \"a0\" $LONG"
+spec long "vdev: \"a0\" $LONG_JOB"
 expect_ok "submit a long job" A submit "$FILES/long.pb"
 jid=$(A --json list | $PY -c "import json,sys; print(json.load(sys.stdin)['job'][-1]['id'])")
 NCASES=$((NCASES + 1))

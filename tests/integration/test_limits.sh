@@ -38,19 +38,12 @@ CONF
 start_daemon
 expect_ok "tenant a (one job at a time)" ctl tenant create a --uid 4001 --max-running 1
 expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --policy growth --tenant a
-printf '%s\n' 'name: "long" vdev: "a0"
-model { input { height: 8 width: 8 channels: 1 }
-  layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 4 } } }
-train { synthetic { examples: 65536 seed: 7 classes: 4 } }
-batch_size: 32 epochs: 10000 seed: 1
-optimizer { adam { learning_rate: 0.003 } }' >"$T/long.txtpb"
+printf '%s\n' "name: \"long\" vdev: \"a0\" $LONG_JOB seed: 1" \
+  'optimizer { adam { learning_rate: 0.003 } }' >"$T/long.txtpb"
 protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/long.txtpb" >"$T/long.pb"
 chmod 644 "$T/long.pb"
 # One job runs for as long as the test needs; the ones behind it stay QUEUED:
-# jobs to watch that do not end on their own. Long by its size, not by a step
-# count: 20 million steps of a 64-256-4 net are hours, where the million
-# steps of a 64-16-4 net it had were once 15 s on this machine and became
-# shorter than this test as steps got faster.
+# jobs to watch that do not end on their own (LONG_JOB, lib.sh).
 expect_ok "submit a job that runs until cancelled" A submit "$T/long.pb"
 run_id=$(A --json list | json_field "['job'][-1]['id']")
 wait_state "$run_id" RUNNING && pass "job $run_id runs" || fail "job $run_id does not run"

@@ -46,10 +46,7 @@ expect_ok "a's dataset da" as owner dataset add da "$FILES/img"
 MODEL='model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 4 } } }'
 M="$MODEL train { synthetic { examples: 256 seed: 1 classes: 4 } }"
 spec short "vdev: \"a0\" $M max_steps: 10"
-# A job that runs until cancelled, long by its size (20 million steps of a
-# 64-256-4 net: hours), not by a step count that faster steps would finish.
-LONG='model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 4 } } } train { synthetic { examples: 65536 seed: 1 classes: 4 } } batch_size: 32 epochs: 10000'
-spec long "vdev: \"a0\" $LONG"
+spec long "vdev: \"a0\" $LONG_JOB"  # lib.sh: runs until cancelled
 expect_ok "a's finished job" as owner submit "$FILES/short.pb"
 J1=$(as owner --json list | json "['job'][-1]['id']")
 wait_state "$J1" SUCCEEDED && pass "job $J1 succeeded" || fail "job $J1 did not succeed"
