@@ -15,6 +15,7 @@
  * machine, unscale/check, casts and the cross-entropy are checked against
  * hand-computed values and direct double computations.
  */
+#include <cblas.h>
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -529,6 +530,61 @@ Test(kernels, dense_threads_agree) {
   dense_threads_case(128, 784, 256); /* split by columns */
   dense_threads_case(1000, 96, 40);  /* split by rows */
   dense_threads_case(128, 128, 10);  /* a small head: din beside dw and db */
+}
+
+/* gs_cpu_sgemm with beta 0 clears C itself (memset) and has OpenBLAS add
+ * A.B into the zeros. On one thread (one part, one cblas_sgemm) that must be
+ * OpenBLAS's own beta-0 result bit for bit, whatever C held, NaN included;
+ * split over two, each part is its own OpenBLAS call (whose rounding can
+ * differ in the last bit from one call over the whole), so there the check
+ * is the value. Nothing outside C's columns (ldc > n) may change. */
+static void sgemm_beta0_case(gs_exec *ex, bool exact, bool ta, bool tb, size_t m, size_t n,
+                             size_t k) {
+  const size_t ldc = n + 3, lda = ta ? m : k, ldb = tb ? k : n;
+  float *a = malloc(m * k * 4), *b = malloc(k * n * 4);
+  float *ours = malloc(m * ldc * 4), *ref = malloc(m * ldc * 4);
+  cr_assert(a && b && ours && ref);
+  for (size_t i = 0; i < m * k; i++)
+    a[i] = (float)urand();
+  for (size_t i = 0; i < k * n; i++)
+    b[i] = (float)urand();
+  for (size_t i = 0; i < m * ldc; i++)
+    ours[i] = ref[i] = i % ldc >= n ? (float)i : (i % 7 ? (float)urand() : NAN);
+  gs_cpu_sgemm(ex, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, ours, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, 0.0f,
+              ref, (blasint)ldc);
+  char what[64];
+  snprintf(what, sizeof what, "%zux%zux%zu%s%s beta 0", m, n, k, ta ? " A^T" : "",
+           tb ? " B^T" : "");
+  size_t bad = 0;
+  for (size_t i = 0; i < m * ldc && bad < 5; i++) {
+    bool same = memcmp(&ours[i], &ref[i], 4) == 0;
+    if (!exact && i % ldc < n && !same) {
+      expect_close(what, "C", i, ours[i], ref[i], 1e-5, 1e-5);
+      continue;
+    }
+    if (same)
+      continue;
+    cr_expect_fail("%s: C[%zu][%zu] is %a, OpenBLAS's gives %a", what, i / ldc, i % ldc,
+                   (double)ours[i], (double)ref[i]);
+    bad++;
+  }
+  free(a), free(b), free(ours), free(ref);
+}
+
+Test(kernels, sgemm_beta0_overwrites_c) {
+  gs_exec *one;
+  gs_exec_config cfg = {.threads = 1};
+  cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
+  for (int t = 0; t < 2; t++) {
+    gs_exec *ex = t ? EX : one;
+    sgemm_beta0_case(ex, !t, false, true, 128, 256, 128); /* dense din: split in two */
+    sgemm_beta0_case(ex, !t, false, true, 128, 128, 10);  /* a head's din: one part */
+    sgemm_beta0_case(ex, !t, true, false, 1000, 96, 40);  /* split by rows */
+    sgemm_beta0_case(ex, !t, false, false, 3, 5, 7);
+  }
+  B->exec_destroy(one);
 }
 
 /* The per-step device timer (backend.h): the exec's own work is charged,
