@@ -219,10 +219,10 @@ static int failpoint_parse(const char *v) {
 
 static int failpoint_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                                    const void *w, const void *b, uint32_t n, uint32_t c,
-                                   uint32_t oc, void *ws) {
+                                   uint32_t oc, void *ws, bool relu) {
   if (tl_job_name && !strcmp(tl_job_name, X.fp.job) && ++tl_dense_calls == X.fp.calls)
     raise(SIGSEGV);
-  return X.inner_b->dense_forward(ex, dt, out, in, w, b, n, c, oc, ws);
+  return X.inner_b->dense_forward(ex, dt, out, in, w, b, n, c, oc, ws, relu);
 }
 
 static int budget_reserve(gs_backend *b, int dev, size_t bytes, void **region) {

@@ -113,11 +113,17 @@ struct gs_backend {
   int (*copy)(gs_exec *ex, void *dev_dst, const void *dev_src, size_t bytes);
   int (*zero)(gs_exec *ex, void *dev_dst, size_t bytes);
 
+  /* The three layer forwards below take `relu`: true applies relu to the
+   * output in the same op, the very bits relu_forward(out, out) would give
+   * after it (NaN passes), without a pass of its own over the output (the
+   * cpu backend applies it to each GEMM part's block while that is still in
+   * cache). */
+
   /* ---- dense: in (N, C), w (C, OC), b (OC), out (N, OC) ---- */
   size_t (*dense_workspace)(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
   int (*dense_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                        const void *w, const void *b, uint32_t n, uint32_t c,
-                       uint32_t oc, void *ws);
+                       uint32_t oc, void *ws, bool relu);
   /* dw (C, OC) f32 +=, db (OC) f32 +=, din (N, C) dt = dout . w^T */
   int (*dense_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                         const void *dout, const void *in, const void *w,
@@ -126,7 +132,8 @@ struct gs_backend {
   /* ---- conv2d: in (N, H, W, C), w (KH, KW, C, F), b (F), out (N, OH, OW, F) */
   size_t (*conv2d_workspace)(gs_dtype dt, const gs_conv_shape *s);
   int (*conv2d_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                        const void *w, const void *b, const gs_conv_shape *s, void *ws);
+                        const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                        bool relu);
   int (*conv2d_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                          const void *dout, const void *in, const void *w,
                          const gs_conv_shape *s, void *ws);
@@ -135,7 +142,8 @@ struct gs_backend {
    *      b (C), out (N, OH, OW, C); s->f == s->c ---- */
   size_t (*depthwise_workspace)(gs_dtype dt, const gs_conv_shape *s);
   int (*depthwise_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                           const void *w, const void *b, const gs_conv_shape *s, void *ws);
+                           const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                           bool relu);
   int (*depthwise_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                             const void *dout, const void *in, const void *w,
                             const gs_conv_shape *s, void *ws);

@@ -555,18 +555,24 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
     gs_conv_shape cs;
     uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
     /* In FLOAT32 the last layer's act is the fp32 logits buffer: same dtype. */
+    /* The layers with weights apply their relu in the same op (backend.h). */
+    bool fused = false;
     switch (l->kind) {
     case GS_LAYER_DENSE:
       OP(b->dense_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], n, l->in.c, l->units,
-                          t->ws));
+                          t->ws, l->relu));
+      fused = true;
       break;
     case GS_LAYER_CONV2D:
       cs = gs_model_conv_shape(l, n);
-      OP(b->conv2d_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], &cs, t->ws));
+      OP(b->conv2d_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], &cs, t->ws, l->relu));
+      fused = true;
       break;
     case GS_LAYER_DEPTHWISE_CONV2D:
       cs = gs_model_conv_shape(l, n);
-      OP(b->depthwise_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], &cs, t->ws));
+      OP(b->depthwise_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], &cs, t->ws,
+                              l->relu));
+      fused = true;
       break;
     case GS_LAYER_MAX_POOL2D:
       cs = gs_model_conv_shape(l, n);
@@ -579,7 +585,7 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
     case GS_LAYER_RELU: OP(b->relu_forward(t->ex, t->dt, s->act, in, cnt)); break;
     default: break;
     }
-    if (l->relu) OP(b->relu_forward(t->ex, t->dt, s->act, s->act, cnt));
+    if (l->relu && !fused) OP(b->relu_forward(t->ex, t->dt, s->act, s->act, cnt));
     in = s->act;
   }
   if (t->mixed)

@@ -219,6 +219,7 @@ struct sgemm_job {
   float alpha, beta;
   const float *a, *b;
   const float *bias; /* (N): each part starts its block of C as bias rows */
+  bool relu;         /* and ends it with relu over the block */
   float *c;
   size_t lda, ldb, ldc;
 };
@@ -255,6 +256,8 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
     for (size_t r = 0; r < m; r++)
       for (size_t q = 0; q < n; q++)
         c[r * j->ldc + q] = beta == 0.0f ? 0.0f : beta * c[r * j->ldc + q];
+    if (j->relu)
+      gs_cpu_relu_rows(c, m, n, j->ldc);
     return;
   }
   if (beta == 0.0f) {
@@ -272,6 +275,8 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
   cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
               (blasint)m, (blasint)n, (blasint)j->k, j->alpha, a, (blasint)j->lda, b,
               (blasint)j->ldb, beta, c, (blasint)j->ldc);
+  if (j->relu)
+    gs_cpu_relu_rows(c, m, n, j->ldc);
 }
 
 static void sgemm_run(gs_exec *ex, struct sgemm_job j) {
@@ -317,11 +322,12 @@ void gs_cpu_sgemm_here(bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
   sgemm_part(&j, 0, (m + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK);
 }
 
-void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
-                       const float *b, size_t ldb, const float *bias, float *c, size_t ldc) {
-  sgemm_run(ex, (struct sgemm_job){.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f,
-                                   .a = a, .b = b, .bias = bias, .c = c, .lda = lda,
-                                   .ldb = ldb, .ldc = ldc});
+void gs_cpu_sgemm_fwd(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
+                      const float *b, size_t ldb, const float *bias, float beta, bool relu,
+                      float *c, size_t ldc) {
+  sgemm_run(ex, (struct sgemm_job){.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta,
+                                   .a = a, .b = b, .bias = bias, .relu = relu, .c = c,
+                                   .lda = lda, .ldb = ldb, .ldc = ldc});
 }
 
 /* db (F) += column sums of dout (M, F), columns [lo, hi) * GS_CPU_GEMM_BLOCK */

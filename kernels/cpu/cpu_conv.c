@@ -200,16 +200,17 @@ static void fill_rows(gs_dtype dt, float *rows, const void *b, size_t m, size_t 
     memcpy(rows + i * f, rows, sizeof(float) * f);
 }
 
-/* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F) */
+/* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F);
+ * relu as dense's (cpu_dense.c) */
 int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                          const void *b, const gs_conv_shape *s, void *ws) {
+                          const void *b, const gs_conv_shape *s, void *ws, bool relu) {
   geo g = geo_of(s, s->same);
   size_t p = (size_t)(g.oh * g.ow), k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
   if (g.n == 0 || p == 0 || f == 0)
     return 0;
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
     size_t m = (size_t)g.n * p;
-    gs_cpu_sgemm_bias(ex, m, f, k, in, k, w, f, b, out, f);
+    gs_cpu_sgemm_fwd(ex, m, f, k, in, k, w, f, b, 0.0f, relu, out, f);
     return 0;
   }
   long ipc = conv_images_per_chunk(&g);
@@ -225,10 +226,10 @@ int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, c
     im2col(ex, dt, &g, in, col, n0, nc);
     float *dst = dt == GS_F32 ? (float *)out + (size_t)n0 * p * f : outf;
     if (dt == GS_F32) { /* each GEMM part starts its block as bias rows */
-      gs_cpu_sgemm_bias(ex, m, f, k, col, k, wf, f, b, dst, f);
+      gs_cpu_sgemm_fwd(ex, m, f, k, col, k, wf, f, b, 0.0f, relu, dst, f);
     } else {
       fill_rows(dt, dst, b, m, f);
-      gs_cpu_sgemm(ex, false, false, m, f, k, 1.0f, col, k, wf, f, 1.0f, dst, f);
+      gs_cpu_sgemm_fwd(ex, m, f, k, col, k, wf, f, NULL, 1.0f, relu, dst, f);
     }
     if (dt != GS_F32)
       gs_cpu_store_f32_par(ex, dt, gs_cpu_at_mut(dt, out, (size_t)n0 * p * f), outf, m * f);
@@ -303,6 +304,7 @@ struct dw_job {
   const float *wf;   /* w as fp32 */
   const float *bf;   /* b as fp32, or NULL */
   float *dw, *db;
+  bool relu;         /* forward: relu on the output */
 };
 
 /* Depthwise loops run over blocks of GS_CPU_VB channels, the width of one
@@ -351,6 +353,9 @@ dw_fwd_block(const struct dw_job *j, long img, long oy, long ox, long ky0, long 
         acc[c] += x[c] * wr[c];
     }
   }
+  if (j->relu && j->dt != GS_F32) /* before the rounding: the same bits (cpu_dense.c) */
+    for (long c = 0; c < cb; c++)
+      acc[c] = (acc[c] > 0.0f || acc[c] != acc[c]) ? acc[c] : 0.0f;
   store_block(j->dt, j->dst, (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), acc, cb);
 }
 
@@ -419,12 +424,17 @@ GS_CPU_HOT static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
       if (cfull < g->c)
         dw_fwd_block(j, img, oy, ox, ky0, ky1, kx0, kx1, cfull, g->c - cfull);
     }
+    if (j->relu && j->dt == GS_F32) /* the row just written, still in cache */
+      gs_cpu_relu_rows((float *)j->dst + (size_t)item * (size_t)(g->ow * g->c), 1,
+                       (size_t)(g->ow * g->c), 0);
   }
 }
 
-/* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C) */
+/* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C); relu
+ * as dense's (cpu_dense.c) */
 int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                             const void *w, const void *b, const gs_conv_shape *s, void *ws) {
+                             const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                             bool relu) {
   geo g = geo_of(s, s->same);
   const float *wf = w, *bf = b;
   if (dt != GS_F32) {
@@ -436,7 +446,8 @@ int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in
       bf = p + g.kh * g.kw * g.c;
     }
   }
-  struct dw_job j = {.dt = dt, .g = &g, .dst = out, .src = in, .wf = wf, .bf = bf};
+  struct dw_job j = {.dt = dt, .g = &g, .dst = out, .src = in, .wf = wf, .bf = bf,
+                     .relu = relu};
   gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, dw_fwd_part, &j);
   return 0;
 }

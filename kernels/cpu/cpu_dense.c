@@ -28,9 +28,12 @@ static void fill_bias_rows(gs_dtype dt, float *out, const void *b, uint32_t n, u
     memcpy(out + (size_t)i * oc, out, sizeof(float) * oc);
 }
 
-/* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt */
+/* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt. relu: out =
+ * relu(out), in each GEMM part (16-bit: on the fp32 result before it is
+ * rounded, the same bits as after: rounding keeps the sign and 0). */
 int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws) {
+                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws,
+                         bool relu) {
   if (n == 0 || oc == 0)
     return 0;
   const float *inf = in, *wf = w;
@@ -45,12 +48,12 @@ int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, co
     p += (size_t)c * oc;
     outf = p;
   }
-  if (b && dt == GS_F32) /* each GEMM part starts its block as bias rows */
-    gs_cpu_sgemm_bias(ex, n, oc, c, inf, c, wf, oc, b, outf, oc);
+  if (dt == GS_F32) /* each GEMM part starts its block as bias rows */
+    gs_cpu_sgemm_fwd(ex, n, oc, c, inf, c, wf, oc, b, 0.0f, relu, outf, oc);
   else {
     if (b)
       fill_bias_rows(dt, outf, b, n, oc);
-    gs_cpu_sgemm(ex, false, false, n, oc, c, 1.0f, inf, c, wf, oc, b ? 1.0f : 0.0f, outf, oc);
+    gs_cpu_sgemm_fwd(ex, n, oc, c, inf, c, wf, oc, NULL, b ? 1.0f : 0.0f, relu, outf, oc);
   }
   if (dt != GS_F32)
     gs_cpu_store_f32_par(ex, dt, out, outf, (size_t)n * oc);

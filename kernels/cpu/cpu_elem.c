@@ -40,16 +40,24 @@ struct relu_job {
 /* Patterns of +inf: a 16-bit value v is > 0 iff 1 <= v <= inf. */
 static uint16_t inf_bits(gs_dtype dt) { return dt == GS_F16 ? 0x7c00 : 0x7f80; }
 
+/* y[i] = relu(x[i]), i < n; y may be x (in place). */
+static inline void relu_f32(float *y, const float *x, size_t n) {
+GS_IVDEP
+  for (size_t i = 0; i < n; i++) {
+    float v = x[i];
+    y[i] = (v > 0.0f || v != v) ? v : 0.0f; /* NaN passes through */
+  }
+}
+
+GS_CPU_HOT void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc) {
+  for (size_t r = 0; r < m; r++)
+    relu_f32(c + r * ldc, c + r * ldc, n);
+}
+
 GS_CPU_HOT static void relu_fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct relu_job *j = ctx;
   if (j->dt == GS_F32) {
-    const float *x = j->a;
-    float *y = j->dst; /* may be x (in place) */
-GS_IVDEP
-    for (size_t i = lo; i < hi; i++) {
-      float v = x[i];
-      y[i] = (v > 0.0f || v != v) ? v : 0.0f; /* NaN passes through */
-    }
+    relu_f32((float *)j->dst + lo, (const float *)j->a + lo, hi - lo);
     return;
   }
   const uint16_t *x = j->a;

@@ -83,10 +83,18 @@ void gs_cpu_sgemm_here(bool trans_a, bool trans_b, size_t m, size_t n, size_t k,
                        const float *a, size_t lda, const float *b, size_t ldb, float beta,
                        float *c, size_t ldc);
 
-/* Row-major C (M,N) = bias (N) in every row + A (M,K) . B (K,N), split as
- * gs_cpu_sgemm; each part writes its own block's bias rows first. */
-void gs_cpu_sgemm_bias(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
-                       const float *b, size_t ldb, const float *bias, float *c, size_t ldc);
+/* A layer's forward GEMM: row-major C (M,N) = A (M,K) . B (K,N) + bias (N)
+ * in every row, or + beta * C when bias is NULL; then, with relu, relu(C)
+ * (gs_cpu_relu_rows). Split as gs_cpu_sgemm; each part writes its own
+ * block's bias rows first and applies relu to its block last, while it is
+ * still in the core's cache. */
+void gs_cpu_sgemm_fwd(gs_exec *ex, size_t m, size_t n, size_t k, const float *a, size_t lda,
+                      const float *b, size_t ldb, const float *bias, float beta, bool relu,
+                      float *c, size_t ldc);
+
+/* relu over rows [0, m) x columns [0, n) of a row-major block with stride
+ * ldc, in place: the bits of relu_forward (NaN passes, -0 becomes +0). */
+void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc);
 
 /* db (F) += the column sums of dout (M, F), split by columns across ex's
  * threads: each column is summed in row order, as on one thread. */
@@ -149,20 +157,22 @@ void gs_cpu_linear_backward(gs_exec *ex, float *din, float *dw, float *db, const
 /* Ops, one group a file (cpu_dense.c, cpu_conv.c, cpu_elem.c). */
 size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
 int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws);
+                         const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws,
+                         bool relu);
 int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                           const void *dout, const void *in, const void *w, uint32_t n,
                           uint32_t c, uint32_t oc, void *ws);
 
 size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                          const void *b, const gs_conv_shape *s, void *ws);
+                          const void *b, const gs_conv_shape *s, void *ws, bool relu);
 int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                            const void *dout, const void *in, const void *w,
                            const gs_conv_shape *s, void *ws);
 size_t gs_cpu_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                             const void *w, const void *b, const gs_conv_shape *s, void *ws);
+                             const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                             bool relu);
 int gs_cpu_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                               const void *dout, const void *in, const void *w,
                               const gs_conv_shape *s, void *ws);

@@ -328,14 +328,20 @@ size_t gs_cuda_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc)
   return gs_cuda_lt_workspace;
 }
 
-/* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt */
+/* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt. relu: the relu
+ * kernel over out after the GEMM, on the same stream. cuBLASLt's RELU_BIAS
+ * epilogue would save that pass, but it is documented as max(x, 0) with
+ * nothing said of NaN (fmaxf makes it 0), and the contract passes NaN. */
 int gs_cuda_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                          const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws) {
+                          const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws,
+                          bool relu) {
   int rc = gs_cuda_enter(ex);
   if (rc || n == 0 || oc == 0)
     return rc;
   cudaDataType_t t = lt_type(dt);
-  return gemm_rm(ex, false, false, n, oc, c, t, in, c, w, oc, t, out, oc, 0.0f, b, ws);
+  if ((rc = gemm_rm(ex, false, false, n, oc, c, t, in, c, w, oc, t, out, oc, 0.0f, b, ws)))
+    return rc;
+  return relu ? gs_cuda_relu_forward(ex, dt, out, out, (size_t)n * oc) : 0;
 }
 
 /* dw (C, OC) f32 += in^T . dout; db (OC) f32 += sum_n dout;
@@ -391,18 +397,23 @@ size_t gs_cuda_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
   return gs_cuda_lt_workspace + col;
 }
 
-/* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F) */
+/* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F);
+ * relu as dense's */
 int gs_cuda_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                           const void *b, const gs_conv_shape *s, void *ws) {
+                           const void *b, const gs_conv_shape *s, void *ws, bool relu) {
   int rc = gs_cuda_enter(ex);
   conv_geo g = conv_geo_of(s);
   if (rc || s->n == 0 || g.p == 0 || g.f == 0)
     return rc;
   cudaDataType_t t = lt_type(dt);
   size_t esz = gs_dtype_size(dt);
-  if (g.pointwise)
-    return gemm_rm(ex, false, false, (uint64_t)s->n * g.p, g.f, g.k, t, in, (int64_t)g.k, w,
-                   (int64_t)g.f, t, out, (int64_t)g.f, 0.0f, b, ws);
+  size_t count = (size_t)s->n * g.p * g.f;
+  if (g.pointwise) {
+    if ((rc = gemm_rm(ex, false, false, (uint64_t)s->n * g.p, g.f, g.k, t, in, (int64_t)g.k, w,
+                      (int64_t)g.f, t, out, (int64_t)g.f, 0.0f, b, ws)))
+      return rc;
+    return relu ? gs_cuda_relu_forward(ex, dt, out, out, count) : 0;
+  }
   void *col = (char *)ws + gs_cuda_lt_workspace;
   for (uint32_t n0 = 0; n0 < s->n; n0 += g.ipc) {
     uint32_t nc = s->n - n0 < g.ipc ? s->n - n0 : g.ipc;
@@ -414,7 +425,7 @@ int gs_cuda_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, 
                       (int64_t)g.f, 0.0f, b, ws)))
       return rc;
   }
-  return 0;
+  return relu ? gs_cuda_relu_forward(ex, dt, out, out, count) : 0;
 }
 
 /* dw (KH, KW, C, F) f32 +=, db (F) f32 +=, din (N, H, W, C) dt overwritten;

@@ -88,13 +88,14 @@ void gs_cuda_plans_clear(gs_exec *ex);
 
 size_t gs_cuda_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
 int gs_cuda_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                          const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws);
+                          const void *b, uint32_t n, uint32_t c, uint32_t oc, void *ws,
+                          bool relu);
 int gs_cuda_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                            const void *dout, const void *in, const void *w, uint32_t n,
                            uint32_t c, uint32_t oc, void *ws);
 size_t gs_cuda_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cuda_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
-                           const void *b, const gs_conv_shape *s, void *ws);
+                           const void *b, const gs_conv_shape *s, void *ws, bool relu);
 int gs_cuda_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                             const void *dout, const void *in, const void *w,
                             const gs_conv_shape *s, void *ws);
@@ -107,7 +108,8 @@ int gs_cuda_colsum_add(gs_exec *ex, gs_dtype dt, float *db, const void *x, size_
                        size_t cols, void *ws);
 size_t gs_cuda_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                              const void *w, const void *b, const gs_conv_shape *s, void *ws);
+                              const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                              bool relu);
 int gs_cuda_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                                const void *dout, const void *in, const void *w,
                                const gs_conv_shape *s, void *ws);

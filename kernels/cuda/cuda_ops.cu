@@ -398,9 +398,11 @@ __global__ void dw_wgrad_k(kgeo g, float *dw, float *db, const typename st<D>::T
   }
 }
 
-/* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C) */
+/* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C); relu
+ * as dense's (cuda_gemm.cu) */
 int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
-                              const void *w, const void *b, const gs_conv_shape *s, void *ws) {
+                              const void *w, const void *b, const gs_conv_shape *s, void *ws,
+                              bool relu) {
   (void)ws;
   int rc = gs_cuda_enter(ex);
   kgeo g = kgeo_of(s, s->same);
@@ -410,7 +412,9 @@ int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *i
   GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                dw_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
                    g, (T *)out, (const T *)in, (const T *)w, (const T *)b));
-  return GS_LAUNCHED("depthwise_forward");
+  if ((rc = GS_LAUNCHED("depthwise_forward")))
+    return rc;
+  return relu ? gs_cuda_relu_forward(ex, dt, out, out, count) : 0;
 }
 
 /* dw (KH, KW, C) f32 +=, db (C) f32 +=, din (N, H, W, C) dt overwritten */

@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
       t0 = now();
     }
     for (int l = 0; l < LAYERS; l++) {
-      CHECK(g->dense_forward(ex, dt, h[l + 1], h[l], w[l], bias[l], B, D, D, ws));
+      CHECK(g->dense_forward(ex, dt, h[l + 1], h[l], w[l], bias[l], B, D, D, ws, false));
       if (l < LAYERS - 1)
         CHECK(g->relu_forward(ex, dt, h[l + 1], h[l + 1], (size_t)B * D));
     }

@@ -51,7 +51,7 @@ static int cmp(const void *a, const void *b) {
 static void dense_pair(gs_backend *b, gs_exec *ex, gs_dtype dt, uint32_t n, uint32_t c,
                        uint32_t oc, void *in, void *w, void *bias, void *out, void *din, float *dw,
                        float *db, void *ws) {
-  b->dense_forward(ex, dt, out, in, w, bias, n, c, oc, ws);
+  b->dense_forward(ex, dt, out, in, w, bias, n, c, oc, ws, false);
   b->dense_backward(ex, dt, din, dw, db, out, in, w, n, c, oc, ws);
 }
 
@@ -86,7 +86,7 @@ static void run(gs_backend *b, int threads) {
        dense_pair(b, ex, GS_BF16, N, 784, 256, x, w[0], bb[0], a[1], g[0], dw[0], db[0], ws16));
   TIME("MLP 784-256-128-10 b128 train step fp32", {
     for (int l = 0; l < 3; l++) {
-      b->dense_forward(ex, GS_F32, a[l + 1], a[l], w[l], bb[l], N, L[l], L[l + 1], NULL);
+      b->dense_forward(ex, GS_F32, a[l + 1], a[l], w[l], bb[l], N, L[l], L[l + 1], NULL, false);
       if (l < 2)
         b->relu_forward(ex, GS_F32, a[l + 1], a[l + 1], (size_t)N * L[l + 1]);
     }
@@ -127,12 +127,12 @@ static void run(gs_backend *b, int threads) {
     snprintf(label, sizeof label, "%s fwd+bwd fp32", convs[i].name);
     if (convs[i].depthwise)
       TIME(label, {
-        b->depthwise_forward(ex, GS_F32, out, in, cw, cb, &s, ws);
+        b->depthwise_forward(ex, GS_F32, out, in, cw, cb, &s, ws, false);
         b->depthwise_backward(ex, GS_F32, din, cdw, cdb, out, in, cw, &s, ws);
       });
     else
       TIME(label, {
-        b->conv2d_forward(ex, GS_F32, out, in, cw, cb, &s, ws);
+        b->conv2d_forward(ex, GS_F32, out, in, cw, cb, &s, ws, false);
         b->conv2d_backward(ex, GS_F32, din, cdw, cdb, out, in, cw, &s, ws);
       });
     gs_conv_shape p = {s.n, s.oh, s.ow, s.f, 2, 2, 2, false, s.f, 0, 0};

@@ -285,8 +285,9 @@ static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc,
   float *dw = hdup(t, dw0, (size_t)c * oc * 4), *db = hdup(t, db0, (size_t)oc * 4);
   if (t->err)
     return;
-  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out, x, w, b, n, c, oc, cw));
-  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out2, x, w, NULL, n, c, oc, cw));
+  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out, x, w, b, n, c, oc, cw, false));
+  /* out2: no bias, relu in the same op */
+  tc_call(t, "cpu dense_forward", C->dense_forward(CX, dt, out2, x, w, NULL, n, c, oc, cw, true));
   tc_call(t, "cpu dense_backward",
           C->dense_backward(CX, dt, din, dw, db, dout, x, w, n, c, oc, cw));
   void *gx = dput(t, x, (size_t)n * c * es), *gw = dput(t, w, (size_t)c * oc * es);
@@ -301,15 +302,15 @@ static void dense_one(tc *t, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc,
   float *gdw = dput(t, dw0, (size_t)c * oc * 4), *gdb = dput(t, db0, (size_t)oc * 4);
   if (t->err)
     return;
-  tc_call(t, "gpu dense_forward", G->dense_forward(GX, dt, gout, gx, gw, gb, n, c, oc, gwsp));
+  tc_call(t, "gpu dense_forward", G->dense_forward(GX, dt, gout, gx, gw, gb, n, c, oc, gwsp, false));
   tc_call(t, "gpu dense_forward",
-          G->dense_forward(GX, dt, gout2, gx, gw, NULL, n, c, oc, gwsp));
+          G->dense_forward(GX, dt, gout2, gx, gw, NULL, n, c, oc, gwsp, true));
   tc_call(t, "gpu dense_backward",
           G->dense_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, n, c, oc, gwsp));
   double a, r;
   tol_sum(dt, c, &a, &r);
   cmp(t, "dense out", dt, out, dget(t, gout, (size_t)n * oc * es), (size_t)n * oc, a, r);
-  cmp(t, "dense out (no bias)", dt, out2, dget(t, gout2, (size_t)n * oc * es), (size_t)n * oc, a,
+  cmp(t, "dense out (no bias, relu)", dt, out2, dget(t, gout2, (size_t)n * oc * es), (size_t)n * oc, a,
       r);
   tol_sum(dt, oc, &a, &r);
   cmp(t, "dense din", dt, din, dget(t, gdin, (size_t)n * c * es), (size_t)n * c, a, r);
@@ -360,17 +361,17 @@ static void conv_one(tc *t, gs_dtype dt, gs_conv_shape s, bool depthwise) {
   if (t->err)
     return;
   if (depthwise) {
-    tc_call(t, "cpu depthwise_forward", C->depthwise_forward(CX, dt, out, x, w, b, &s, cw));
+    tc_call(t, "cpu depthwise_forward", C->depthwise_forward(CX, dt, out, x, w, b, &s, cw, false));
     tc_call(t, "cpu depthwise_backward",
             C->depthwise_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
-    tc_call(t, "gpu depthwise_forward", G->depthwise_forward(GX, dt, gout, gx, gw, gb, &s, gwsp));
+    tc_call(t, "gpu depthwise_forward", G->depthwise_forward(GX, dt, gout, gx, gw, gb, &s, gwsp, false));
     tc_call(t, "gpu depthwise_backward",
             G->depthwise_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
   } else {
-    tc_call(t, "cpu conv2d_forward", C->conv2d_forward(CX, dt, out, x, w, b, &s, cw));
+    tc_call(t, "cpu conv2d_forward", C->conv2d_forward(CX, dt, out, x, w, b, &s, cw, false));
     tc_call(t, "cpu conv2d_backward",
             C->conv2d_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
-    tc_call(t, "gpu conv2d_forward", G->conv2d_forward(GX, dt, gout, gx, gw, gb, &s, gwsp));
+    tc_call(t, "gpu conv2d_forward", G->conv2d_forward(GX, dt, gout, gx, gw, gb, &s, gwsp, false));
     tc_call(t, "gpu conv2d_backward",
             G->conv2d_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
   }
@@ -863,9 +864,8 @@ int gs_gpu_mlp_train(gs_backend *b, gs_exec *ex, gs_dtype dt, int steps, gs_gpu_
       MLP_OP(b->cast(ex, work[p], dt, params[p], GS_F32, counts[p]));
       MLP_OP(b->zero(ex, grads[p], counts[p] * 4));
     }
-    MLP_OP(b->dense_forward(ex, dt, m.h1, m.x, m.w1d, m.b1d, MLP_N, MLP_C, MLP_H, m.ws));
-    MLP_OP(b->relu_forward(ex, dt, m.h1, m.h1, MLP_N * MLP_H));
-    MLP_OP(b->dense_forward(ex, dt, m.lgd, m.h1, m.w2d, m.b2d, MLP_N, MLP_H, MLP_K, m.ws));
+    MLP_OP(b->dense_forward(ex, dt, m.h1, m.x, m.w1d, m.b1d, MLP_N, MLP_C, MLP_H, m.ws, true));
+    MLP_OP(b->dense_forward(ex, dt, m.lgd, m.h1, m.w2d, m.b2d, MLP_N, MLP_H, MLP_K, m.ws, false));
     MLP_OP(b->cast(ex, m.logits, GS_F32, m.lgd, dt, MLP_N * MLP_K));
     MLP_OP(b->synchronize(ex)); /* the CPU's xent reads the scale directly */
     MLP_OP(b->xent_forward_backward(ex, m.loss, NULL, m.dlog, m.logits, m.labels, MLP_N, MLP_K,

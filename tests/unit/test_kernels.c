@@ -297,15 +297,15 @@ static void run_backend(layer *L, gs_dtype dt, double *out, double *din, double 
   int rc = 0;
   switch (t->op) {
   case OP_DENSE:
-    rc |= B->dense_forward(EX, dt, y, x, w, b, s->n, s->c, s->f, ws);
+    rc |= B->dense_forward(EX, dt, y, x, w, b, s->n, s->c, s->f, ws, false);
     rc |= B->dense_backward(EX, dt, dx, gw, gb, r, x, w, s->n, s->c, s->f, ws);
     break;
   case OP_CONV:
-    rc |= B->conv2d_forward(EX, dt, y, x, w, b, s, ws);
+    rc |= B->conv2d_forward(EX, dt, y, x, w, b, s, ws, false);
     rc |= B->conv2d_backward(EX, dt, dx, gw, gb, r, x, w, s, ws);
     break;
   case OP_DW:
-    rc |= B->depthwise_forward(EX, dt, y, x, w, b, s, ws);
+    rc |= B->depthwise_forward(EX, dt, y, x, w, b, s, ws, false);
     rc |= B->depthwise_backward(EX, dt, dx, gw, gb, r, x, w, s, ws);
     break;
   case OP_MAXPOOL:
@@ -437,6 +437,67 @@ Test(kernels, bf16_matches_fp32) {
     check_low_precision(&CASES[i], GS_BF16);
 }
 
+/* A layer forward with relu gives the bits of the same forward followed by
+ * relu_forward, in every dtype, with and without bias, NaN passing through
+ * (x[0] is NaN in every other round). */
+static int forward_op(const tcase *t, gs_dtype dt, void *y, const void *x, const void *w,
+                      const void *b, void *ws, bool relu) {
+  gs_conv_shape s = t->s;
+  gs_conv_shape_init(&s);
+  switch (t->op) {
+  case OP_DENSE: return B->dense_forward(EX, dt, y, x, w, b, s.n, s.c, s.f, ws, relu);
+  case OP_CONV: return B->conv2d_forward(EX, dt, y, x, w, b, &s, ws, relu);
+  case OP_DW: return B->depthwise_forward(EX, dt, y, x, w, b, &s, ws, relu);
+  default: return -EINVAL;
+  }
+}
+
+static void check_fused_relu(const tcase *t, gs_dtype dt, bool bias, bool nan) {
+  layer L;
+  layer_init(&L, t, dt);
+  if (nan)
+    L.x[0] = NAN;
+  const size_t es = gs_dtype_size(dt);
+  void *x = to_dt(dt, L.x, L.nx), *w = to_dt(dt, L.w, L.nw), *b = to_dt(dt, L.b, L.nb);
+  void *want = calloc(L.ny + 1, es), *got = calloc(L.ny + 1, es);
+  size_t wsb = t->op == OP_DENSE ? B->dense_workspace(dt, t->s.n, t->s.c, t->s.f)
+               : t->op == OP_CONV ? B->conv2d_workspace(dt, &t->s)
+                                  : B->depthwise_workspace(dt, &t->s);
+  void *ws = ws_alloc(wsb);
+  cr_assert_eq(forward_op(t, dt, want, x, w, bias ? b : NULL, ws, false), 0, "%s", t->name);
+  cr_assert_eq(B->relu_forward(EX, dt, want, want, L.ny), 0);
+  memset(got, 0x5a, L.ny * es); /* every element must be written */
+  cr_assert_eq(forward_op(t, dt, got, x, w, bias ? b : NULL, ws, true), 0, "%s", t->name);
+  size_t bad = 0;
+  for (size_t i = 0; i < L.ny && bad < 3; i++)
+    if (memcmp((char *)got + i * es, (char *)want + i * es, es) != 0) {
+      cr_expect_fail("%s, %s%s%s: out[%zu] is %g fused, %g by relu_forward after", t->name,
+                     gs_dtype_name(dt), bias ? ", bias" : "", nan ? ", a NaN input" : "", i,
+                     get_dt(dt, got, i), get_dt(dt, want, i));
+      bad++;
+    }
+  free(x), free(w), free(b), free(want), free(got), free(ws);
+  layer_free(&L);
+}
+
+Test(kernels, forward_relu_fused_same_bits) {
+  static const tcase big[] = { /* GEMMs split over the exec's two threads */
+      {OP_DENSE, "dense 128x300->200", {.n = 128, .c = 300, .f = 200}, 0},
+      {OP_CONV, "conv 3x3 s1 SAME 16x12x12x8->24", {.n = 16, .h = 12, .w = 12, .c = 8, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 24}, 0},
+      {OP_CONV, "conv 1x1 16x12x12x8->24", {.n = 16, .h = 12, .w = 12, .c = 8, .kh = 1, .kw = 1, .stride = 1, .same = true, .f = 24}, 0},
+      {OP_DW, "dw 3x3 s1 SAME 8x10x10x40", {.n = 8, .h = 10, .w = 10, .c = 40, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 40}, 0},
+  };
+  const gs_dtype dts[] = {GS_F32, GS_BF16, GS_F16};
+  for (size_t i = 0; i < NCASES + sizeof big / sizeof big[0]; i++) {
+    const tcase *t = i < NCASES ? &CASES[i] : &big[i - NCASES];
+    if (t->op != OP_DENSE && t->op != OP_CONV && t->op != OP_DW)
+      continue;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+      for (int r = 0; r < 4; r++)
+        check_fused_relu(t, dts[d], r & 1, r & 2);
+  }
+}
+
 Test(kernels, workspace_sizes) {
   gs_conv_shape pw = {.n = 4, .h = 5, .w = 5, .c = 8, .kh = 1, .kw = 1, .stride = 1, .f = 16};
   gs_conv_shape_init(&pw);
@@ -472,9 +533,11 @@ Test(kernels, conv_chunks_and_threads_agree) {
   void *ws = ws_alloc(B->conv2d_workspace(GS_F32, &s)), *ws1 = ws_alloc(B->conv2d_workspace(GS_F32, &one));
   cr_assert_lt(B->conv2d_workspace(GS_F32, &s), (size_t)s.n * s.oh * s.ow * 9 * 32 * 4,
                "this batch should need more than one chunk");
-  cr_assert_eq(B->conv2d_forward(EX, GS_F32, out, in, w, NULL, &s, ws), 0);
+  cr_assert_eq(B->conv2d_forward(EX, GS_F32, out, in, w, NULL, &s, ws, false), 0);
   for (uint32_t n = 0; n < s.n; n++) {
-    cr_assert_eq(B->conv2d_forward(EX, GS_F32, out1, in + n * (size_t)s.h * s.w * s.c, w, NULL, &one, ws1), 0);
+    cr_assert_eq(B->conv2d_forward(EX, GS_F32, out1, in + n * (size_t)s.h * s.w * s.c, w, NULL, &one, ws1,
+                                     false),
+                 0);
     for (size_t i = 0; i < img_out; i++)
       expect_close("chunked conv", "out", n * img_out + i, out[n * img_out + i], out1[i], 1e-5, 1e-5);
   }
@@ -506,7 +569,7 @@ static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
   cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
   gs_exec *ex[2] = {one, EX};
   for (int t = 0; t < 2; t++) {
-    cr_assert_eq(B->dense_forward(ex[t], GS_F32, o[t], in, w, b, n, c, oc, NULL), 0);
+    cr_assert_eq(B->dense_forward(ex[t], GS_F32, o[t], in, w, b, n, c, oc, NULL, false), 0);
     cr_assert_eq(B->dense_backward(ex[t], GS_F32, di[t], dw[t], db[t], d, in, w, n, c, oc, NULL), 0);
   }
   char what[64];
@@ -612,7 +675,7 @@ Test(kernels, timer_charges_work_not_waiting) {
   double own0 = thread_cpu_s();
   cr_assert_eq(B->timer_start(EX), 0);
   for (int i = 0; i < 20; i++)
-    cr_assert_eq(B->dense_forward(EX, GS_F32, out, in, w, NULL, n, c, oc, NULL), 0);
+    cr_assert_eq(B->dense_forward(EX, GS_F32, out, in, w, NULL, n, c, oc, NULL, false), 0);
   cr_assert_eq(B->timer_stop(EX, &s), 0);
   double own = thread_cpu_s() - own0;
   /* The job's thread plus its pool workers: at least the thread's own share. */
@@ -982,7 +1045,7 @@ static void *job_main(void *p) {
   if (B->exec_create(B, &cfg, &ex))
     return (a->bad = 1, NULL);
   for (int r = 0; r < 20; r++) {
-    B->dense_forward(ex, GS_F32, a->out, a->in, a->w, NULL, 64, 300, 200, NULL);
+    B->dense_forward(ex, GS_F32, a->out, a->in, a->w, NULL, 64, 300, 200, NULL, false);
     if (memcmp(a->out, a->want, 64 * 200 * sizeof(float)))
       a->bad = 1;
   }
@@ -1000,7 +1063,7 @@ Test(kernels, concurrent_execs) {
       in[i] = (float)urand();
     for (size_t i = 0; i < nw; i++)
       w[i] = (float)urand();
-    cr_assert_eq(B->dense_forward(EX, GS_F32, want, in, w, NULL, 64, 300, 200, NULL), 0);
+    cr_assert_eq(B->dense_forward(EX, GS_F32, want, in, w, NULL, 64, 300, 200, NULL, false), 0);
     a[j] = (struct job_arg){.in = in, .w = w, .want = want, .out = malloc(nout * 4)};
   }
   for (int j = 0; j < 2; j++)
