@@ -37,6 +37,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The contract's version. The CUDA plugin exports the one it was built
+ * against (gs_cuda_plugin_abi, loader.h) and the loader refuses any other:
+ * a plugin from before a change of an op's arguments or meaning would be
+ * called wrongly. Raise it with every such change.
+ *   1: the first versioned contract (the optimizers consume their gradient;
+ *      the layer forwards take relu). */
+#define GS_BACKEND_ABI 1
+
 typedef enum gs_dtype {
   GS_F32 = 0,
   GS_F16 = 1,  /* IEEE binary16 */

@@ -62,6 +62,24 @@ static gs_backend *open_plugin(const char *path, char *why, size_t why_len) {
     say(why, why_len, "cannot load the CUDA plugin %s: %s", path, e ? e : "unknown error");
     return NULL;
   }
+  /* Before anything of it runs: a plugin built against another contract
+   * would be handed arguments it reads otherwise. */
+  const uint32_t *abi = dlsym(h, "gs_cuda_plugin_abi");
+  if (!abi || *abi != GS_BACKEND_ABI) {
+    char got[48], want[16];
+    if (abi)
+      snprintf(got, sizeof got, "backend contract %u", (unsigned)*abi);
+    else
+      snprintf(got, sizeof got, "an unversioned backend contract");
+    snprintf(want, sizeof want, "%d", GS_BACKEND_ABI);
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s, and this gpushare needs %s", got, want);
+    say(why, why_len,
+        "the CUDA plugin %s was built for %s: install the plugin built with this gpushare",
+        path, msg);
+    dlclose(h);
+    return NULL;
+  }
   gs_cuda_open_fn open_fn;
   void *sym = dlsym(h, "gs_cuda_backend_open");
   memcpy(&open_fn, &sym, sizeof open_fn); /* object to function pointer, as POSIX allows */

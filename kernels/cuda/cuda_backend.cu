@@ -282,6 +282,10 @@ static void say(char *why, size_t why_len, const char *fmt, const char *a, const
     snprintf(why, why_len, fmt, a, b);
 }
 
+/* The contract this plugin was built against: the loader refuses it unless
+ * it is the core's own (loader.h). */
+GS_CUDA_EXPORT const uint32_t gs_cuda_plugin_abi = GS_BACKEND_ABI;
+
 /* The backend, or NULL and why: no driver, no device, a driver older than
  * this runtime. Safe to call more than once (the table is static). */
 GS_CUDA_EXPORT gs_backend *gs_cuda_backend_open(char *why, size_t why_len) {

@@ -44,6 +44,32 @@ Test(cuda_load, not_a_shared_object) {
   cr_expect(strstr(why, path) != NULL, "why: %s", why);
 }
 
+/* A plugin built against another backend contract, or before contracts had
+ * a version, is refused before any of its code runs, with both versions. */
+static void expect_refused(const char *env, const char *says) {
+  const char *p = getenv(env);
+  cr_assert(p && p[0], "%s is set by kernels/CMakeLists.txt", env);
+  setenv("GS_CUDA_PLUGIN", p, 1);
+  char why[1024] = "";
+  gs_backend *b = gs_backend_cuda_load(why, sizeof why);
+  cr_assert_null(b);
+  cr_expect(strstr(why, p) != NULL, "names the plugin: %s", why);
+  cr_expect(strstr(why, says) != NULL, "says '%s': %s", says, why);
+  char need[64];
+  snprintf(need, sizeof need, "this gpushare needs %d", GS_BACKEND_ABI);
+  cr_expect(strstr(why, need) != NULL, "says '%s': %s", need, why);
+  cr_expect(strstr(why, "gs_cuda_backend_open ran") == NULL, "never called: %s", why);
+  cr_expect(strchr(why, '\n') == NULL, "one line: %s", why);
+}
+
+Test(cuda_load, plugin_of_another_contract_is_refused) {
+  expect_refused("GS_TEST_FAKE_PLUGIN_OTHER", "was built for backend contract 999");
+}
+
+Test(cuda_load, plugin_without_a_contract_version_is_refused) {
+  expect_refused("GS_TEST_FAKE_PLUGIN_UNVERSIONED", "was built for an unversioned backend");
+}
+
 /* The plugin CMake built (or none): a backend only where a GPU answers,
  * else NULL and a reason of one of the documented kinds. */
 Test(cuda_load, built_plugin_answers_or_explains) {
