@@ -39,8 +39,9 @@
 
 /* The contract's version. The CUDA plugin exports the one it was built
  * against (gs_cuda_plugin_abi, loader.h) and the loader refuses any other:
- * a plugin from before a change of an op's arguments or meaning would be
- * called wrongly. Raise it with every such change.
+ * a plugin from before a change of an op's arguments or meaning, of this
+ * table's layout or of a type the two share (gs_exec_config, gs_gpu_info)
+ * would be called wrongly. Raise it with every such change.
  *   1: the first versioned contract (the optimizers consume their gradient;
  *      the layer forwards take relu). */
 #define GS_BACKEND_ABI 1
@@ -123,9 +124,9 @@ struct gs_backend {
 
   /* The three layer forwards below take `relu`: true applies relu to the
    * output in the same op, the very bits relu_forward(out, out) would give
-   * after it (NaN passes), without a pass of its own over the output (the
-   * cpu backend applies it to each GEMM part's block while that is still in
-   * cache). */
+   * after it (NaN passes). The cpu backend makes no pass of its own for it
+   * (each GEMM part's block, each depthwise output row, while still in
+   * cache); cuda runs its relu kernel after, on the same stream. */
 
   /* ---- dense: in (N, C), w (C, OC), b (OC), out (N, OC) ---- */
   size_t (*dense_workspace)(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);

@@ -62,8 +62,10 @@ static gs_backend *open_plugin(const char *path, char *why, size_t why_len) {
     say(why, why_len, "cannot load the CUDA plugin %s: %s", path, e ? e : "unknown error");
     return NULL;
   }
-  /* Before anything of it runs: a plugin built against another contract
-   * would be handed arguments it reads otherwise. */
+  /* Before any of its entry points is called (dlopen has run its
+   * constructors, which register its kernels and nothing more): a plugin
+   * built against another contract would be handed arguments it reads
+   * otherwise. */
   const uint32_t *abi = dlsym(h, "gs_cuda_plugin_abi");
   if (!abi || *abi != GS_BACKEND_ABI) {
     char got[48], want[16];

@@ -27,8 +27,8 @@
  *   gs_backend *gs_cuda_backend_open(char *why, size_t why_len);
  *   int gs_cuda_plugin_device_info(int index, gs_gpu_info *out);
  * A plugin whose gs_cuda_plugin_abi is missing or not this build's
- * GS_BACKEND_ABI is refused before anything of it runs, with a reason that
- * names both versions.
+ * GS_BACKEND_ABI is refused before any of its entry points is called, with
+ * a reason that names both versions.
  */
 #ifndef GS_KERNELS_LOADER_H
 #define GS_KERNELS_LOADER_H

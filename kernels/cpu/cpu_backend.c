@@ -265,9 +265,12 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
      * into it, one scalar store a float (sgemm_beta: 2% of the job thread's
      * time in a fashion-mlp step, for the 128x256 and 128x128 input
      * gradients). memset stores vectors, and A.B added into those zeros is
-     * the same bits as after OpenBLAS's own clear (test_kernels). One
-     * thread, best of 2000: 128x256x128 105 -> 97 us, 128x128x10 11.9 ->
-     * 7.8 us. */
+     * the same bits as after OpenBLAS's own clear (test_kernels), except
+     * where an AVX-512 build of OpenBLAS would have taken its separate
+     * small-matrix kernel (sgemm_direct, non-transposed beta-0 calls only),
+     * whose rounding may differ: with beta 1 every call takes the packed
+     * kernel. One thread, best of 2000: 128x256x128 105 -> 97 us,
+     * 128x128x10 11.9 -> 7.8 us. */
     for (size_t r = 0; r < m; r++)
       memset(c + r * j->ldc, 0, n * sizeof(float));
     beta = 1.0f;

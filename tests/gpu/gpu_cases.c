@@ -353,25 +353,33 @@ static void conv_one(tc *t, gs_dtype dt, gs_conv_shape s, bool depthwise) {
   size_t cws = depthwise ? C->depthwise_workspace(dt, &s) : C->conv2d_workspace(dt, &s);
   size_t gws = depthwise ? G->depthwise_workspace(dt, &s) : G->conv2d_workspace(dt, &s);
   void *cw = halloc(t, cws), *out = halloc(t, ny * es), *din = halloc(t, nx * es);
+  void *out2 = halloc(t, ny * es);
   float *dw = hdup(t, dw0, nw * 4), *db = hdup(t, db0, nb * 4);
   void *gx = dput(t, x, nx * es), *gw = dput(t, w, nw * es), *gb = dput(t, b, nb * es);
   void *gdout = dput(t, dout, ny * es), *gout = dput(t, NULL, ny * es);
+  void *gout2 = dput(t, NULL, ny * es);
   void *gdin = dput(t, NULL, nx * es), *gwsp = gws ? dput(t, NULL, gws) : NULL;
   float *gdw = dput(t, dw0, nw * 4), *gdb = dput(t, db0, nb * 4);
   if (t->err)
     return;
+  /* out2: the same forward with the layer's relu in the op */
   if (depthwise) {
     tc_call(t, "cpu depthwise_forward", C->depthwise_forward(CX, dt, out, x, w, b, &s, cw, false));
+    tc_call(t, "cpu depthwise_forward", C->depthwise_forward(CX, dt, out2, x, w, b, &s, cw, true));
     tc_call(t, "cpu depthwise_backward",
             C->depthwise_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
     tc_call(t, "gpu depthwise_forward", G->depthwise_forward(GX, dt, gout, gx, gw, gb, &s, gwsp, false));
+    tc_call(t, "gpu depthwise_forward",
+            G->depthwise_forward(GX, dt, gout2, gx, gw, gb, &s, gwsp, true));
     tc_call(t, "gpu depthwise_backward",
             G->depthwise_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
   } else {
     tc_call(t, "cpu conv2d_forward", C->conv2d_forward(CX, dt, out, x, w, b, &s, cw, false));
+    tc_call(t, "cpu conv2d_forward", C->conv2d_forward(CX, dt, out2, x, w, b, &s, cw, true));
     tc_call(t, "cpu conv2d_backward",
             C->conv2d_backward(CX, dt, din, dw, db, dout, x, w, &s, cw));
     tc_call(t, "gpu conv2d_forward", G->conv2d_forward(GX, dt, gout, gx, gw, gb, &s, gwsp, false));
+    tc_call(t, "gpu conv2d_forward", G->conv2d_forward(GX, dt, gout2, gx, gw, gb, &s, gwsp, true));
     tc_call(t, "gpu conv2d_backward",
             G->conv2d_backward(GX, dt, gdin, gdw, gdb, gdout, gx, gw, &s, gwsp));
   }
@@ -382,6 +390,8 @@ static void conv_one(tc *t, gs_dtype dt, gs_conv_shape s, bool depthwise) {
   tol_sum(dt, depthwise ? taps : taps * s.c, &a, &r);
   snprintf(what, sizeof what, "%s out", nm);
   cmp(t, what, dt, out, dget(t, gout, ny * es), ny, a, r);
+  snprintf(what, sizeof what, "%s out (relu)", nm);
+  cmp(t, what, dt, out2, dget(t, gout2, ny * es), ny, a, r);
   tol_sum(dt, depthwise ? taps : taps * s.f, &a, &r);
   snprintf(what, sizeof what, "%s din", nm);
   cmp(t, what, dt, din, dget(t, gdin, nx * es), nx, a, r);

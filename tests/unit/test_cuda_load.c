@@ -48,7 +48,8 @@ Test(cuda_load, not_a_shared_object) {
  * a version, is refused before any of its code runs, with both versions. */
 static void expect_refused(const char *env, const char *says) {
   const char *p = getenv(env);
-  cr_assert(p && p[0], "%s is set by kernels/CMakeLists.txt", env);
+  if (!p || !p[0] || access(p, F_OK) != 0)
+    cr_skip_test("%s names no fake plugin (ctest sets it, kernels/CMakeLists.txt)", env);
   setenv("GS_CUDA_PLUGIN", p, 1);
   char why[1024] = "";
   gs_backend *b = gs_backend_cuda_load(why, sizeof why);
@@ -85,7 +86,8 @@ Test(cuda_load, built_plugin_answers_or_explains) {
     cr_expect(strchr(why, '\n') == NULL, "one line: %s", why);
     bool known = strstr(why, "no CUDA plugin found (looked in ") ||
                  strstr(why, "CUDA driver not available: ") || strstr(why, "no CUDA device: ") ||
-                 strstr(why, "cannot load the CUDA plugin ");
+                 strstr(why, "cannot load the CUDA plugin ") ||
+                 strstr(why, " was built for "); /* an installed plugin of another contract */
     cr_expect(known, "why: %s", why);
     if (p) /* the plugin is there: the reason is about the driver, not the file */
       cr_expect(strstr(why, "no CUDA plugin found") == NULL, "why: %s", why);

@@ -596,11 +596,13 @@ Test(kernels, dense_threads_agree) {
 }
 
 /* gs_cpu_sgemm with beta 0 clears C itself (memset) and has OpenBLAS add
- * A.B into the zeros. On one thread (one part, one cblas_sgemm) that must be
- * OpenBLAS's own beta-0 result bit for bit, whatever C held, NaN included;
- * split over two, each part is its own OpenBLAS call (whose rounding can
- * differ in the last bit from one call over the whole), so there the check
- * is the value. Nothing outside C's columns (ldc > n) may change. */
+ * A.B into the zeros. On one thread (one part, one cblas_sgemm) with A or B
+ * transposed that must be OpenBLAS's own beta-0 result bit for bit,
+ * whatever C held, NaN included; split over two, each part is its own
+ * OpenBLAS call (whose rounding can differ in the last bit from one call over
+ * the whole), and a non-transposed beta-0 call may take AVX-512 OpenBLAS's
+ * separate small-matrix kernel (sgemm_direct), so there the check is the
+ * value. Nothing outside C's columns (ldc > n) may change. */
 static void sgemm_beta0_case(gs_exec *ex, bool exact, bool ta, bool tb, size_t m, size_t n,
                              size_t k) {
   const size_t ldc = n + 3, lda = ta ? m : k, ldb = tb ? k : n;
@@ -645,7 +647,8 @@ Test(kernels, sgemm_beta0_overwrites_c) {
     sgemm_beta0_case(ex, !t, false, true, 128, 256, 128); /* dense din: split in two */
     sgemm_beta0_case(ex, !t, false, true, 128, 128, 10);  /* a head's din: one part */
     sgemm_beta0_case(ex, !t, true, false, 1000, 96, 40);  /* split by rows */
-    sgemm_beta0_case(ex, !t, false, false, 3, 5, 7);
+    sgemm_beta0_case(ex, false, false, false, 3, 5, 7);
+    sgemm_beta0_case(ex, !t, true, true, 3, 5, 7);
   }
   B->exec_destroy(one);
 }
