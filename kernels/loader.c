@@ -68,14 +68,13 @@ static gs_backend *open_plugin(const char *path, char *why, size_t why_len) {
    * otherwise. */
   const uint32_t *abi = dlsym(h, "gs_cuda_plugin_abi");
   if (!abi || *abi != GS_BACKEND_ABI) {
-    char got[48], want[16];
+    char msg[96];
     if (abi)
-      snprintf(got, sizeof got, "backend contract %u", (unsigned)*abi);
+      snprintf(msg, sizeof msg, "backend contract %u, and this gpushare needs %d",
+               (unsigned)*abi, GS_BACKEND_ABI);
     else
-      snprintf(got, sizeof got, "an unversioned backend contract");
-    snprintf(want, sizeof want, "%d", GS_BACKEND_ABI);
-    char msg[128];
-    snprintf(msg, sizeof msg, "%s, and this gpushare needs %s", got, want);
+      snprintf(msg, sizeof msg, "an unversioned backend contract, and this gpushare needs %d",
+               GS_BACKEND_ABI);
     say(why, why_len,
         "the CUDA plugin %s was built for %s: install the plugin built with this gpushare",
         path, msg);

@@ -252,14 +252,6 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
       memcpy(c + r * j->ldc, bias, n * sizeof(float));
     beta = 1.0f;
   }
-  if (j->k == 0) { /* C = beta * C, which BLAS leaves to the caller's reading */
-    for (size_t r = 0; r < m; r++)
-      for (size_t q = 0; q < n; q++)
-        c[r * j->ldc + q] = beta == 0.0f ? 0.0f : beta * c[r * j->ldc + q];
-    if (j->relu)
-      gs_cpu_relu_rows(c, m, n, j->ldc);
-    return;
-  }
   if (beta == 0.0f) {
     /* OpenBLAS clears C for beta 0 in a pass of its own before adding A.B
      * into it, one scalar store a float (sgemm_beta: 2% of the job thread's
@@ -275,9 +267,16 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
       memset(c + r * j->ldc, 0, n * sizeof(float));
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans,
-              (blasint)m, (blasint)n, (blasint)j->k, j->alpha, a, (blasint)j->lda, b,
-              (blasint)j->ldb, beta, c, (blasint)j->ldc);
+  if (j->k == 0) { /* C = beta * C, which BLAS leaves to the caller's reading */
+    if (beta != 1.0f)
+      for (size_t r = 0; r < m; r++)
+        for (size_t q = 0; q < n; q++)
+          c[r * j->ldc + q] *= beta;
+  } else {
+    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans,
+                j->tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)j->k,
+                j->alpha, a, (blasint)j->lda, b, (blasint)j->ldb, beta, c, (blasint)j->ldc);
+  }
   if (j->relu)
     gs_cpu_relu_rows(c, m, n, j->ldc);
 }

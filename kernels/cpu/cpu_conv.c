@@ -355,7 +355,7 @@ dw_fwd_block(const struct dw_job *j, long img, long oy, long ox, long ky0, long 
   }
   if (j->relu && j->dt != GS_F32) /* before the rounding: the same bits (cpu_dense.c) */
     for (long c = 0; c < cb; c++)
-      acc[c] = (acc[c] > 0.0f || acc[c] != acc[c]) ? acc[c] : 0.0f;
+      acc[c] = gs_cpu_relu1(acc[c]);
   store_block(j->dt, j->dst, (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), acc, cb);
 }
 

@@ -43,10 +43,8 @@ static uint16_t inf_bits(gs_dtype dt) { return dt == GS_F16 ? 0x7c00 : 0x7f80; }
 /* y[i] = relu(x[i]), i < n; y may be x (in place). */
 static inline void relu_f32(float *y, const float *x, size_t n) {
 GS_IVDEP
-  for (size_t i = 0; i < n; i++) {
-    float v = x[i];
-    y[i] = (v > 0.0f || v != v) ? v : 0.0f; /* NaN passes through */
-  }
+  for (size_t i = 0; i < n; i++)
+    y[i] = gs_cpu_relu1(x[i]);
 }
 
 GS_CPU_HOT void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc) {

@@ -92,8 +92,12 @@ void gs_cpu_sgemm_fwd(gs_exec *ex, size_t m, size_t n, size_t k, const float *a,
                       const float *b, size_t ldb, const float *bias, float beta, bool relu,
                       float *c, size_t ldc);
 
+/* relu of one fp32 value, as every relu of the cpu backend computes it: NaN
+ * passes through, -0 becomes +0. */
+static inline float gs_cpu_relu1(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
+
 /* relu over rows [0, m) x columns [0, n) of a row-major block with stride
- * ldc, in place: the bits of relu_forward (NaN passes, -0 becomes +0). */
+ * ldc, in place: the bits of relu_forward. */
 void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc);
 
 /* db (F) += the column sums of dout (M, F), split by columns across ex's
