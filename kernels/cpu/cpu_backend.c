@@ -28,7 +28,11 @@
  * its locked memory pool, so concurrent calls from different jobs are safe
  * and each job uses exactly the threads its exec was given, never more.
  * The cost is that each part packs its own copy of B, which is small next
- * to the GEMMs gpushare runs (batch x features). The OpenMP build would read
+ * to the GEMMs gpushare runs (batch x features), and smaller than what
+ * OpenBLAS's own threads spend handing packed panels to each other: at two
+ * threads, fashion-mlp's 128x256x784 first layer took 384-411 us as one
+ * two-thread OpenBLAS call, 337-347 us as two halves here (best of 2000,
+ * docs/operations.md). The OpenMP build would read
  * omp_get_max_threads() per call but keeps it in the same global, racing
  * between jobs; the serial build would work like this one but is not what
  * the Debian package installs.
