@@ -7,7 +7,12 @@
  * the workspace, runs the same fp32 GEMMs there and rounds the result once
  * on store, which is what a GPU's fp32-accumulating GEMM does.
  *
- * Workspace (16-bit only), in floats: in (N*C) + w (C*OC) + out or dout
+ * fp32 with a mostly-zero input (image background, a relu's output) takes
+ * cpu_sparse.c's path for the forward and the weight gradient instead: a
+ * multiply-add per nonzero input, not per input. Its workspace, the
+ * nonzeros' lists, is fp32's workspace (0 for layers too small for it).
+ *
+ * Workspace (16-bit), in floats: in (N*C) + w (C*OC) + out or dout
  * (N*OC). Backward reuses the converted-input slot for din once dw is done,
  * so forward and backward need the same bytes.
  */
@@ -16,8 +21,8 @@
 #include "cpu_internal.h"
 
 size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
-  if (dt == GS_F32)
-    return 0;
+  if (dt == GS_F32) /* the nonzeros' lists, for a mostly-zero input */
+    return gs_cpu_sparse_workspace(n, c, oc);
   return sizeof(float) * ((size_t)n * c + (size_t)c * oc + (size_t)n * oc);
 }
 
@@ -48,9 +53,11 @@ int gs_cpu_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, co
     p += (size_t)c * oc;
     outf = p;
   }
-  if (dt == GS_F32) /* each GEMM part starts its block as bias rows */
+  if (dt == GS_F32) { /* each GEMM part starts its block as bias rows */
+    if (gs_cpu_sparse_forward(ex, outf, inf, wf, b, n, c, oc, relu, ws))
+      return 0;
     gs_cpu_sgemm_fwd(ex, n, oc, c, inf, c, wf, oc, b, 0.0f, relu, outf, oc);
-  else {
+  } else {
     if (b)
       fill_bias_rows(dt, outf, b, n, oc);
     gs_cpu_sgemm_fwd(ex, n, oc, c, inf, c, wf, oc, NULL, b ? 1.0f : 0.0f, relu, outf, oc);
@@ -123,7 +130,8 @@ int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float 
     gs_cpu_load_f32_par(ex, dt, dout, p, (size_t)n * oc);
     doutf = p;
     dinf = inbuf; /* the converted input is dead once dw is done */
-  }
+  } else if (dw && gs_cpu_sparse_wgrad(ex, dw, doutf, inf, n, c, oc, ws))
+    dw = NULL; /* done, on the input's nonzeros */
   gs_cpu_linear_backward(ex, din ? dinf : NULL, dw, db, doutf, inf, wf, n, c, oc);
   if (din && dt != GS_F32)
     gs_cpu_store_f32_par(ex, dt, din, dinf, (size_t)n * c);

@@ -151,6 +151,29 @@ typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 #define GS_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(gs_v8))
 #define GS_V8_STORE(p, v) memcpy((p), &(v), sizeof(gs_v8))
 
+/* fp32 dense layers on mostly-zero inputs (cpu_sparse.c): the forward and
+ * the weight gradient spend a multiply-add on each nonzero input only.
+ * Taken when the input holds at most this share of nonzeros (the forward
+ * breaks even with OpenBLAS at about 0.63, the gradient at 0.66, on
+ * fashion-mlp's first layer), for layers of at least this many
+ * multiply-adds (N * C * OC). */
+#define GS_CPU_SPARSE_MAX_DENSITY 0.55
+#define GS_CPU_SPARSE_MIN_MACS ((size_t)1 << 20)
+/* Whether a layer of these sizes may take the path; its workspace (bytes,
+ * 0 when it may not). */
+bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc);
+size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc);
+/* out (N, OC) = in (N, C) . w (C, OC) + b (or 0 when b is NULL), relu'd
+ * when asked; false (nothing written) when the path does not apply: no
+ * workspace, not eligible, no AVX2, or too many nonzeros. */
+bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float *w,
+                           const float *b, size_t n, size_t c, size_t oc, bool relu, void *ws);
+/* dw (C, OC) += in^T . dout (N, OC); false (dw untouched) as above. */
+bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float *in, size_t n,
+                         size_t c, size_t oc, void *ws);
+/* Calls that took the path, for the tests that check it was taken. */
+extern _Atomic uint64_t gs_cpu_sparse_calls;
+
 /* The backward of a linear map out (M, F) = in (M, K) . w (K, F) + b, all
  * fp32: db (F) += column sums of dout, dw (K, F) += in^T . dout, din (M, K)
  * = dout . w^T; each may be NULL, and din may be `in` itself (written last).

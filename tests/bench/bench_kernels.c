@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cblas.h>
+#include <zlib.h>
 
 #include "backend.h"
 
@@ -190,9 +191,84 @@ static void gemm_floor(void) {
     free(w[l]), free(dw[l]);
 }
 
+/* The first n Fashion-MNIST training images as the MLP's first layer sees
+ * them (x / 255), or NULL when Debian's dataset-fashion-mnist is not
+ * installed. */
+static float *fashion_batch(size_t n) {
+  gzFile f = gzopen("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", "rb");
+  if (!f)
+    return NULL;
+  unsigned char *raw = malloc(16 + n * 784);
+  int got = gzread(f, raw, (unsigned)(16 + n * 784));
+  gzclose(f);
+  float *x = NULL;
+  if (got == (int)(16 + n * 784)) {
+    x = malloc(n * 784 * sizeof *x);
+    for (size_t i = 0; i < n * 784; i++)
+      x[i] = (float)raw[16 + i] / 255.0f;
+  }
+  free(raw);
+  return x;
+}
+
+/* fashion-mlp's first layer (128 x 784 -> 256) on real batches, a new one
+ * each repetition as in training: the forward and the weight gradient on
+ * the input's nonzeros (cpu_sparse.c: the path an fp32 dense layer takes
+ * when given its workspace) against the dense GEMMs (no workspace), the
+ * two alternating on the same batch. */
+#define SPARSE_BATCHES 16
+#define SPARSE_REPS 401 /* more than REPS: each is under a millisecond */
+static void sparse_first_layer(gs_backend *b, int threads) {
+  const uint32_t n = 128, c = 784, oc = 256;
+  float *xs = fashion_batch((size_t)n * SPARSE_BATCHES);
+  if (!xs) {
+    printf("first layer on Fashion-MNIST batches: skipped, "
+           "/usr/share/datasets/fashion-mnist not installed\n");
+    return;
+  }
+  gs_exec *ex;
+  gs_exec_config cfg = {.threads = threads};
+  if (b->exec_create(b, &cfg, &ex))
+    return;
+  size_t nz = 0;
+  for (size_t i = 0; i < (size_t)n * c * SPARSE_BATCHES; i++)
+    nz += xs[i] != 0.0f;
+  float *w = rnd((size_t)c * oc, 0.1f), *bias = rnd(oc, 0.1f), *out = rnd((size_t)n * oc, 1);
+  float *dout = rnd((size_t)n * oc, 1), *dw = calloc((size_t)c * oc, 4);
+  size_t wsb = b->dense_workspace(GS_F32, n, c, oc);
+  void *ws = wsb ? malloc(wsb) : NULL;
+  double t[4][SPARSE_REPS];
+  for (int r = 0; r < SPARSE_REPS; r++)
+    for (int v = 0; v < 2; v++) {
+      void *use = v ? ws : NULL;
+      const float *x = xs + (size_t)(r % SPARSE_BATCHES) * n * c;
+      double t0 = now_ms();
+      b->dense_forward(ex, GS_F32, out, x, w, bias, n, c, oc, use, true);
+      double t1 = now_ms();
+      b->dense_backward(ex, GS_F32, NULL, dw, NULL, dout, x, w, n, c, oc, use);
+      t[v][r] = t1 - t0;
+      t[2 + v][r] = now_ms() - t1;
+    }
+  for (int k = 0; k < 4; k++)
+    qsort(t[k], SPARSE_REPS, sizeof t[k][0], cmp);
+  printf("first layer 128x784 -> 256 on Fashion-MNIST batches (%.1f%% nonzero), %d thread(s)%s:\n"
+         "  forward  dense GEMM min %.3f median %.3f ms, on the nonzeros min %.3f median %.3f ms"
+         " (%.2fx)\n"
+         "  dw       dense GEMM min %.3f median %.3f ms, on the nonzeros min %.3f median %.3f ms"
+         " (%.2fx)\n",
+         100.0 * (double)nz / ((double)n * c * SPARSE_BATCHES), threads,
+         ws ? "" : " (no sparse path on this machine: both columns are the GEMM)",
+         t[0][0], t[0][SPARSE_REPS / 2], t[1][0], t[1][SPARSE_REPS / 2], t[1][SPARSE_REPS / 2] / t[0][SPARSE_REPS / 2],
+         t[2][0], t[2][SPARSE_REPS / 2], t[3][0], t[3][SPARSE_REPS / 2], t[3][SPARSE_REPS / 2] / t[2][SPARSE_REPS / 2]);
+  free(ws), free(xs), free(w), free(bias), free(out), free(dout), free(dw);
+  b->exec_destroy(ex);
+}
+
 int main(int argc, char **argv) {
   gs_backend *b = gs_backend_cpu(); /* sets OpenBLAS to one thread */
   gemm_floor();
+  sparse_first_layer(b, 1);
+  sparse_first_layer(b, 2);
   if (argc > 1) {
     run(b, atoi(argv[1]));
     return 0;

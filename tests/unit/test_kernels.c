@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,7 +502,9 @@ Test(kernels, forward_relu_fused_same_bits) {
 Test(kernels, workspace_sizes) {
   gs_conv_shape pw = {.n = 4, .h = 5, .w = 5, .c = 8, .kh = 1, .kw = 1, .stride = 1, .f = 16};
   gs_conv_shape_init(&pw);
-  cr_expect_eq(B->dense_workspace(GS_F32, 128, 784, 256), 0, "fp32 dense runs in place");
+  cr_expect_eq(B->dense_workspace(GS_F32, 128, 784, 256), gs_cpu_sparse_workspace(128, 784, 256),
+               "fp32 dense: the sparse path's lists, or nothing");
+  cr_expect_eq(B->dense_workspace(GS_F32, 128, 128, 10), 0, "too small for the sparse path");
   cr_expect_eq(B->conv2d_workspace(GS_F32, &pw), 0, "fp32 1x1 conv is a plain GEMM");
   cr_expect_eq(B->depthwise_workspace(GS_F32, &pw), 0);
   cr_expect_eq(B->dense_workspace(GS_F16, 3, 7, 5), 4 * (3 * 7 + 7 * 5 + 3 * 5));
@@ -548,6 +551,16 @@ Test(kernels, conv_chunks_and_threads_agree) {
  * by rows for a tall one, din's GEMM beside dw's for a small head), dense
  * forward and backward give what one thread gives: each part's bias rows,
  * the column-split bias gradient, dw, din. */
+/* A dense layer's weights (small), bias and output gradient. */
+static void fill_dense_operands(float *w, size_t nw, float *b, size_t oc, float *d, size_t no) {
+  for (size_t i = 0; i < nw; i++)
+    w[i] = (float)urand() * 0.05f;
+  for (size_t i = 0; i < oc; i++)
+    b[i] = (float)urand();
+  for (size_t i = 0; i < no; i++)
+    d[i] = (float)urand();
+}
+
 static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
   size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
   float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
@@ -558,12 +571,7 @@ static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
   }
   for (size_t i = 0; i < ni; i++)
     in[i] = (float)urand();
-  for (size_t i = 0; i < nw; i++)
-    w[i] = (float)urand() * 0.05f;
-  for (size_t i = 0; i < oc; i++)
-    b[i] = (float)urand();
-  for (size_t i = 0; i < no; i++)
-    d[i] = (float)urand();
+  fill_dense_operands(w, nw, b, oc, d, no);
   gs_exec *one;
   gs_exec_config cfg = {.threads = 1};
   cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
@@ -593,6 +601,112 @@ Test(kernels, dense_threads_agree) {
   dense_threads_case(128, 784, 256); /* split by columns */
   dense_threads_case(1000, 96, 40);  /* split by rows */
   dense_threads_case(128, 128, 10);  /* a small head: din beside dw and db */
+}
+
+/* fp32 dense layers on mostly-zero inputs take cpu_sparse.c's path (a
+ * multiply-add per nonzero input): its forward (bias, relu) and weight
+ * gradient against double-precision sums, the same bits on 1, 2 and 3
+ * threads, and the dense path for an input with too many nonzeros. zero:
+ * the share of inputs that are 0 (whole groups of 8 too, as image
+ * background gives); the counter says which path ran. */
+static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool relu,
+                        bool want_sparse) {
+  size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
+  float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
+  for (size_t i = 0; i < ni; i++) {
+    bool z = (i / 8) % 5 == 0 ? zero > 0.15 : (urand() + 1) / 2 < zero;
+    in[i] = z ? 0.0f : (float)(urand() + 1.5) / 2.5f;
+  }
+  fill_dense_operands(w, nw, b, oc, d, no);
+  size_t wsb = B->dense_workspace(GS_F32, n, c, oc);
+  cr_assert(wsb > 0, "dense %ux%u->%u: no workspace for the sparse path", n, c, oc);
+  void *ws = ws_alloc(wsb);
+  float *o[3], *dw[3];
+  gs_exec *ex[3];
+  for (int t = 0; t < 3; t++) {
+    gs_exec_config cfg = {.threads = t + 1};
+    cr_assert_eq(B->exec_create(B, &cfg, &ex[t]), 0);
+    o[t] = malloc(no * 4);
+    dw[t] = malloc(nw * 4);
+    for (size_t i = 0; i < nw; i++)
+      dw[t][i] = 0.25f; /* dw accumulates */
+    uint64_t before = atomic_load(&gs_cpu_sparse_calls);
+    cr_assert_eq(B->dense_forward(ex[t], GS_F32, o[t], in, w, b, n, c, oc, ws, relu), 0);
+    cr_assert_eq(B->dense_backward(ex[t], GS_F32, NULL, dw[t], NULL, d, in, w, n, c, oc, ws), 0);
+    uint64_t took = atomic_load(&gs_cpu_sparse_calls) - before;
+    cr_assert_eq(took, want_sparse ? 2u : 0u,
+                 "dense %ux%u->%u, %.0f%% zeros, %d threads: %lu of 2 calls took the sparse "
+                 "path, want %d",
+                 n, c, oc, zero * 100, t + 1, (unsigned long)took, want_sparse ? 2 : 0);
+  }
+  char what[80];
+  snprintf(what, sizeof what, "dense %ux%u->%u, %.0f%% zeros", n, c, oc, zero * 100);
+  for (size_t r = 0; r < n; r++)
+    for (size_t j = 0; j < oc; j++) {
+      double ref = b[j], mag = fabs(b[j]);
+      for (size_t k = 0; k < c; k++) {
+        ref += (double)in[r * c + k] * w[k * oc + j];
+        mag += fabs((double)in[r * c + k] * w[k * oc + j]);
+      }
+      if (relu && ref < 0)
+        ref = 0;
+      expect_close(what, "out", r * oc + j, o[0][r * oc + j], ref, 1e-6, 1e-6 + 4e-7 * mag);
+    }
+  for (size_t k = 0; k < c; k++)
+    for (size_t j = 0; j < oc; j++) {
+      double ref = 0.25, mag = 0.25;
+      for (size_t r = 0; r < n; r++) {
+        ref += (double)in[r * c + k] * d[r * oc + j];
+        mag += fabs((double)in[r * c + k] * d[r * oc + j]);
+      }
+      expect_close(what, "dw", k * oc + j, dw[0][k * oc + j], ref, 1e-6, 4e-7 * mag);
+    }
+  if (want_sparse) /* the split never changes the order of a sum */
+    for (int t = 1; t < 3; t++) {
+      cr_assert(memcmp(o[t], o[0], no * 4) == 0, "%s: out differs on %d threads", what, t + 1);
+      cr_assert(memcmp(dw[t], dw[0], nw * 4) == 0, "%s: dw differs on %d threads", what, t + 1);
+    }
+  for (int t = 0; t < 3; t++)
+    B->exec_destroy(ex[t]), free(o[t]), free(dw[t]);
+  free(ws), free(in), free(w), free(b), free(d);
+}
+
+Test(kernels, sparse_input_dense_layer) {
+  if (gs_cpu_sparse_workspace(128, 784, 256) == 0)
+    cr_skip_test("the sparse path needs x86-64 (AVX2); the dense path runs everywhere else");
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    cr_skip_test("this CPU lacks AVX2 or FMA: dense layers run the dense path only");
+  sparse_case(128, 784, 256, 0.5, true, true);  /* fashion-mlp's first layer */
+  sparse_case(37, 300, 100, 0.6, false, true);  /* odd sizes, a narrow last tile */
+  sparse_case(9, 1030, 130, 0.8, true, true);   /* c and n off the blocks of 8 and 64 */
+  sparse_case(64, 200, 96, 0.2, false, false);  /* 80% nonzero: the dense GEMM */
+}
+
+/* Zeros skip even an infinite weight (documented in cpu_sparse.c); a NaN
+ * or infinite input is a nonzero and propagates as in the dense path. */
+Test(kernels, sparse_path_non_finite) {
+  __builtin_cpu_init();
+  if (gs_cpu_sparse_workspace(64, 256, 64) == 0 || !__builtin_cpu_supports("avx2") ||
+      !__builtin_cpu_supports("fma"))
+    cr_skip_test("no sparse path on this machine (x86-64 with AVX2 and FMA only)");
+  uint32_t n = 64, c = 256, oc = 64;
+  float *in = calloc((size_t)n * c, 4), *w = malloc((size_t)c * oc * 4), *o = malloc((size_t)n * oc * 4);
+  for (size_t i = 0; i < (size_t)c * oc; i++)
+    w[i] = 0.5f;
+  w[3 * oc + 7] = INFINITY; /* row 3 of w: pixel 3 */
+  for (uint32_t r = 0; r < n; r++)
+    in[r * c + 10] = 1.0f; /* every row: pixel 10 only */
+  in[5 * c + 3] = 2.0f;      /* row 5 also has pixel 3 */
+  in[6 * c + 20] = NAN;      /* row 6: a NaN input */
+  void *ws = ws_alloc(B->dense_workspace(GS_F32, n, c, oc));
+  uint64_t before = atomic_load(&gs_cpu_sparse_calls);
+  cr_assert_eq(B->dense_forward(EX, GS_F32, o, in, w, NULL, n, c, oc, ws, false), 0);
+  cr_assert_eq(atomic_load(&gs_cpu_sparse_calls) - before, 1u, "the sparse path ran");
+  cr_expect_eq(o[0 * oc + 7], 0.5f, "a zero input adds nothing against an inf weight");
+  cr_expect(isinf(o[5 * oc + 7]), "a nonzero input meets the inf weight: %g", (double)o[5 * oc + 7]);
+  cr_expect(isnan(o[6 * oc + 0]), "a NaN input propagates: %g", (double)o[6 * oc]);
+  free(ws), free(in), free(w), free(o);
 }
 
 /* gs_cpu_sgemm with beta 0 clears C itself (memset) and has OpenBLAS add

@@ -1,0 +1,460 @@
+/*
+ * cpu_sparse.c: fp32 dense layers whose input is mostly zeros.
+ *
+ * Image data is: half of Fashion-MNIST's pixels are exactly 0 (background),
+ * and a layer after a relu sees about as many zeros. A dense layer's forward
+ * (out = in . w + b) and its weight gradient (dw += in^T . dout) spend a
+ * multiply-add on every element of `in`, zero or not; here they spend one
+ * on each nonzero only. fashion-mlp's first layer (128 x 784 -> 256, 49%
+ * nonzero) is 80% of its step's multiply-adds; in a training step on 2
+ * threads the path takes 7-8% off the step (p10 840-899 us against
+ * 918-967, one process switching paths every 8 steps). `bench_kernels`
+ * prints the layer alone against the dense GEMMs: at best 0.93x (forward)
+ * and 0.85x (weight gradient) of their time on one thread, listing
+ * included, but the medians come out even on a busy host: the loop is
+ * bound by loads (ten per eight multiply-adds, against OpenBLAS's eight per
+ * twelve), and a neighbour on the same core competes for them.
+ *
+ * How: the nonzeros of `in` are listed once per call (forward: by row, for
+ * each sample the pixels that are not 0; weight gradient: by column, for
+ * each pixel the samples), with AVX2 (a compare, a mask and a permute from
+ * a table of 256 shuffles put 8 floats' nonzeros side by side). Then each
+ * 64-column tile of the output is eight vector accumulators in registers:
+ * for each listed (value, row of the dense operand), acc += value * row. The
+ * dense operand is taken 64 rows at a time and copied into a 16 KB block
+ * with rows 256 bytes apart (w's own rows are 1 KB apart in fashion-mlp,
+ * and 64 of them fall on 16 sets of the 8-way L1: the copy is what keeps
+ * the block in L1 while every sample's list walks it).
+ *
+ * Bits: each output is its initial value (bias, 0, or dw as it was) plus
+ * the products in the order of `in`'s index (pixels ascending for the
+ * forward, samples ascending for the gradient), each a fused multiply-add
+ * (one rounding, as in OpenBLAS's kernel; the path exists only where the
+ * CPU has FMA, so no baseline build has to match it). How the
+ * work is split over threads never changes that order, so the result has
+ * the same bits on 1 thread or 16; it is not OpenBLAS's order, so it
+ * differs from the dense path's in the last bits. A zero input adds
+ * nothing, even against an infinite or NaN weight, where a dense GEMM
+ * would add 0 x inf = NaN; a NaN or infinite input is listed like any
+ * nonzero and propagates as in the dense path.
+ *
+ * When: fp32 only, with AVX2 and FMA, for layers of at least
+ * GS_CPU_SPARSE_MIN_MACS multiply-adds with at least 64 units and 8 inputs,
+ * and only when the input holds at most GS_CPU_SPARSE_MAX_DENSITY nonzeros.
+ * That is decided per call from the data, so the same data always takes
+ * the same path. Anything else runs the dense GEMM (cpu_dense.c).
+ */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+_Atomic uint64_t gs_cpu_sparse_calls;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define GS_SPARSE_X86 1
+#include <immintrin.h>
+#else
+#define GS_SPARSE_X86 0
+#endif
+
+/* Output columns in one register tile (eight 8-float accumulators), and
+ * rows of the dense operand in one packed block (multiples of 8): 64 for
+ * the forward (w's block, 16 KB, stays in L1 beside the lists it is read
+ * for), 128 for the weight gradient (all of a 128-sample batch's dout in
+ * one block, so each row of dw is read and written once per tile; 64 costs
+ * a second pass over dw, 800 KB in fashion-mlp's first layer). */
+#define SP_NB 64
+#define SP_KB_ROWS 64
+#define SP_KB_COLS 128
+#define SP_KB_MAX 128
+
+static size_t nblocks(size_t k, size_t kb) { return (k + kb - 1) / kb; }
+
+/* The nonzeros of one side, as lists: list r holds entries
+ * [blk[r * (nb + 1)], blk[r * (nb + 1) + nb]), the first of block b at
+ * blk[r * (nb + 1) + b]; entry e is the value val[e] and off[e], the index
+ * along the other side times SP_NB (its row's offset in a packed block). A
+ * list's entries start at r * cap, cap = its length + 8 (a group of 8 is
+ * stored whole and then only the nonzeros counted). */
+struct sp_lists {
+  float *val;
+  uint32_t *off;
+  uint32_t *blk;
+  size_t kb;  /* indices per block */
+  size_t nb;  /* blocks along the listed index */
+  size_t cap; /* entries reserved per list */
+};
+
+/* The lists' layout in a workspace for `nlists` lists over `len` indices. */
+static size_t lists_bytes(size_t nlists, size_t len, size_t kb) {
+  size_t cap = len + 8;
+  return nlists * cap * (sizeof(float) + sizeof(uint32_t)) +
+         nlists * (nblocks(len, kb) + 1) * sizeof(uint32_t);
+}
+
+static struct sp_lists lists_at(void *ws, size_t nlists, size_t len, size_t kb) {
+  struct sp_lists s;
+  s.cap = len + 8;
+  s.kb = kb;
+  s.nb = nblocks(len, kb);
+  s.val = ws;
+  s.off = (uint32_t *)(s.val + nlists * s.cap);
+  s.blk = s.off + nlists * s.cap;
+  return s;
+}
+
+bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc) {
+#if GS_SPARSE_X86
+  /* oc: a tile is 64 columns wide whatever the layer's width, so a
+   * narrower layer would pay for columns it does not have (a 10-class
+   * head: 6.4 times its multiply-adds) */
+  return n >= 8 && c >= 8 && oc >= SP_NB && n * c * oc >= GS_CPU_SPARSE_MIN_MACS &&
+         n <= UINT32_MAX / SP_NB && c <= UINT32_MAX / SP_NB;
+#else
+  (void)n, (void)c, (void)oc;
+  return false;
+#endif
+}
+
+size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc) {
+  if (!gs_cpu_sparse_eligible(n, c, oc))
+    return 0;
+  size_t fwd = lists_bytes(n, c, SP_KB_ROWS), wgrad = lists_bytes(c, n, SP_KB_COLS);
+  return fwd > wgrad ? fwd : wgrad;
+}
+
+#if GS_SPARSE_X86
+
+#define SP_AVX2 __attribute__((target("avx2,fma")))
+
+static bool cpu_has_avx2(void) {
+  static int have = -1; /* the answer is the same for every thread */
+  int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+  if (h < 0) {
+    __builtin_cpu_init();
+    h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+    __atomic_store_n(&have, h, __ATOMIC_RELAXED);
+  }
+  return h == 1;
+}
+
+/* LEFT[m]: the positions of the set bits of m, first to last, then zeros. */
+static uint32_t LEFT[256][8];
+static pthread_once_t left_once = PTHREAD_ONCE_INIT;
+static void left_init(void) {
+  for (unsigned m = 0; m < 256; m++) {
+    unsigned q = 0;
+    for (unsigned b = 0; b < 8; b++)
+      if (m >> b & 1u)
+        LEFT[m][q++] = b;
+    while (q < 8) LEFT[m][q++] = 0;
+  }
+}
+
+/* Append the nonzeros of v (8 floats at indices base..base+7) at val/off +
+ * p; returns how many. Stores 8 entries, so the list needs 8 spare. */
+SP_AVX2 static inline uint32_t append8(__m256 v, uint32_t base, float *val, uint32_t *off) {
+  int m = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  __m256i perm = _mm256_loadu_si256((const __m256i *)LEFT[m]);
+  _mm256_storeu_ps(val, _mm256_permutevar8x32_ps(v, perm));
+  __m256i idx = _mm256_add_epi32(perm, _mm256_set1_epi32((int)base));
+  _mm256_storeu_si256((__m256i *)off, _mm256_slli_epi32(idx, 6)); /* x SP_NB */
+  return (uint32_t)__builtin_popcount((unsigned)m);
+}
+
+static inline uint32_t append1(float v, uint32_t index, float *val, uint32_t *off) {
+  *val = v;
+  *off = index * SP_NB;
+  return v != 0.0f;
+}
+
+/* ---- listing: rows of in (N, C), for the forward ---- */
+struct rows_job {
+  const float *in;
+  size_t n, c;
+  struct sp_lists s;
+};
+
+SP_AVX2 static void list_rows_part(void *ctx, size_t lo, size_t hi) {
+  const struct rows_job *j = ctx;
+  const struct sp_lists *s = &j->s;
+  for (size_t r = lo; r < hi; r++) {
+    const float *x = j->in + r * j->c;
+    uint32_t *blk = s->blk + r * (s->nb + 1);
+    uint32_t p = (uint32_t)(r * s->cap);
+    size_t k = 0;
+    for (; k + 8 <= j->c; k += 8) {
+      if (k % s->kb == 0)
+        blk[k / s->kb] = p;
+      p += append8(_mm256_loadu_ps(x + k), (uint32_t)k, s->val + p, s->off + p);
+    }
+    for (; k < j->c; k++) {
+      if (k % s->kb == 0)
+        blk[k / s->kb] = p;
+      p += append1(x[k], (uint32_t)k, s->val + p, s->off + p);
+    }
+    blk[s->nb] = p;
+  }
+}
+
+/* 8 rows of 8 floats -> the 8 columns, in place. */
+SP_AVX2 static inline void transpose8(__m256 r[8]) {
+  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* ---- listing: columns [lo, hi) of in (N, C), for the weight gradient;
+ * lo is a multiple of 8 ---- */
+SP_AVX2 static void list_cols(const float *in, size_t n, size_t c, const struct sp_lists *s,
+                              size_t lo, size_t hi) {
+  size_t k0 = lo;
+  for (; k0 + 8 <= hi; k0 += 8) {
+    uint32_t p[8];
+    for (int q = 0; q < 8; q++) p[q] = (uint32_t)((k0 + q) * s->cap);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      if (i % s->kb == 0)
+        for (int q = 0; q < 8; q++) s->blk[(k0 + q) * (s->nb + 1) + i / s->kb] = p[q];
+      __m256 r[8];
+      for (int q = 0; q < 8; q++) r[q] = _mm256_loadu_ps(in + (i + q) * c + k0);
+      transpose8(r);
+      for (int q = 0; q < 8; q++)
+        p[q] += append8(r[q], (uint32_t)i, s->val + p[q], s->off + p[q]);
+    }
+    for (; i < n; i++) {
+      if (i % s->kb == 0)
+        for (int q = 0; q < 8; q++) s->blk[(k0 + q) * (s->nb + 1) + i / s->kb] = p[q];
+      for (int q = 0; q < 8; q++)
+        p[q] += append1(in[i * c + k0 + q], (uint32_t)i, s->val + p[q], s->off + p[q]);
+    }
+    for (int q = 0; q < 8; q++) s->blk[(k0 + q) * (s->nb + 1) + s->nb] = p[q];
+  }
+  for (size_t k = k0; k < hi; k++) {
+    uint32_t p = (uint32_t)(k * s->cap);
+    uint32_t *blk = s->blk + k * (s->nb + 1);
+    for (size_t i = 0; i < n; i++) {
+      if (i % s->kb == 0)
+        blk[i / s->kb] = p;
+      p += append1(in[i * c + k], (uint32_t)i, s->val + p, s->off + p);
+    }
+    blk[s->nb] = p;
+  }
+}
+
+/* ---- the product: out rows [r0, r1), columns [n0, n0 + w), w <= SP_NB ----
+ * out[r] = init + sum over list r's entries e of val[e] * d[off[e] / SP_NB];
+ * d (K, ldd) is the dense operand, K = s->kb * s->nb at most. init: bias
+ * (bias != NULL), 0 (!accumulate) or out as it is. */
+struct tile_job {
+  const struct sp_lists *s;
+  const float *d;
+  size_t ldd, kdim;
+  float *out;
+  size_t ldo;
+  const float *bias;
+  bool accumulate, relu;
+};
+
+SP_AVX2 static void tile(const struct tile_job *j, size_t r0, size_t r1, size_t n0, size_t w) {
+  _Alignas(64) float pk[SP_KB_MAX * SP_NB]; /* 32 KB: every thread here has 8 MiB */
+  _Alignas(64) float part[SP_NB]; /* a narrow tile's row, padded */
+  _Alignas(64) float binit[SP_NB];
+  const struct sp_lists *s = j->s;
+  memset(binit, 0, sizeof binit);
+  if (j->bias)
+    memcpy(binit, j->bias + n0, w * sizeof(float));
+  for (size_t b = 0; b < s->nb; b++) {
+    size_t k0 = b * s->kb, kn = j->kdim - k0 < s->kb ? j->kdim - k0 : s->kb;
+    for (size_t k = 0; k < kn; k++) {
+      memcpy(pk + k * SP_NB, j->d + (k0 + k) * j->ldd + n0, w * sizeof(float));
+      if (w < SP_NB)
+        memset(pk + k * SP_NB + w, 0, (SP_NB - w) * sizeof(float));
+    }
+    uint32_t koff = (uint32_t)(k0 * SP_NB); /* off[e] counts from row 0 */
+    bool first = b == 0, last = b + 1 == s->nb;
+    for (size_t r = r0; r < r1; r++) {
+      float *o = j->out + r * j->ldo + n0;
+      const float *src = first ? (j->accumulate ? o : binit) : o;
+      if (w < SP_NB) {
+        if (src == o) {
+          memcpy(part, o, w * sizeof(float));
+          memset(part + w, 0, (SP_NB - w) * sizeof(float));
+        } else
+          memcpy(part, src, sizeof part);
+        src = part;
+      }
+      __m256 a0 = _mm256_loadu_ps(src), a1 = _mm256_loadu_ps(src + 8);
+      __m256 a2 = _mm256_loadu_ps(src + 16), a3 = _mm256_loadu_ps(src + 24);
+      __m256 a4 = _mm256_loadu_ps(src + 32), a5 = _mm256_loadu_ps(src + 40);
+      __m256 a6 = _mm256_loadu_ps(src + 48), a7 = _mm256_loadu_ps(src + 56);
+      const uint32_t *blk = s->blk + r * (s->nb + 1);
+      const float *val = s->val;
+      const uint32_t *off = s->off;
+      for (uint32_t e = blk[b], end = blk[b + 1]; e < end; e++) {
+        const float *d = pk + (off[e] - koff);
+        __m256 v = _mm256_broadcast_ss(val + e);
+        a0 = _mm256_fmadd_ps(v, _mm256_load_ps(d), a0);
+        a1 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 8), a1);
+        a2 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 16), a2);
+        a3 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 24), a3);
+        a4 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 32), a4);
+        a5 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 40), a5);
+        a6 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 48), a6);
+        a7 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 56), a7);
+      }
+      float *dst = w < SP_NB ? part : o;
+      _mm256_storeu_ps(dst, a0);
+      _mm256_storeu_ps(dst + 8, a1);
+      _mm256_storeu_ps(dst + 16, a2);
+      _mm256_storeu_ps(dst + 24, a3);
+      _mm256_storeu_ps(dst + 32, a4);
+      _mm256_storeu_ps(dst + 40, a5);
+      _mm256_storeu_ps(dst + 48, a6);
+      _mm256_storeu_ps(dst + 56, a7);
+      if (last && j->relu)
+        gs_cpu_relu_rows(dst, 1, w, w);
+      if (w < SP_NB)
+        memcpy(o, part, w * sizeof(float));
+    }
+  }
+}
+
+/* ---- the forward: parts over 64-column tiles, all rows each ---- */
+struct fwd_job {
+  struct tile_job t;
+  size_t n, oc;
+};
+
+SP_AVX2 static void fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct fwd_job *j = ctx;
+  for (size_t t = lo; t < hi; t++) {
+    size_t n0 = t * SP_NB, w = j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB;
+    tile(&j->t, 0, j->n, n0, w);
+  }
+}
+
+static size_t count_nonzeros(const float *x, size_t count) {
+  size_t nz = 0;
+  for (size_t i = 0; i < count; i++) nz += x[i] != 0.0f;
+  return nz;
+}
+
+static bool too_dense(size_t nonzeros, size_t total) {
+  return (double)nonzeros > GS_CPU_SPARSE_MAX_DENSITY * (double)total;
+}
+
+/* Whether a call may take the path at all: a workspace, a layer of the
+ * sizes, a CPU with AVX2 and FMA, and first rows that are not too dense
+ * (enough to turn away a dense input before listing all of it). */
+static bool may_list(const float *in, size_t n, size_t c, size_t oc, const void *ws) {
+  if (!ws || !gs_cpu_sparse_eligible(n, c, oc) || !cpu_has_avx2())
+    return false;
+  size_t probe = (n < 8 ? n : 8) * c;
+  if (too_dense(count_nonzeros(in, probe), probe))
+    return false;
+  pthread_once(&left_once, left_init);
+  return true;
+}
+
+bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float *w,
+                           const float *b, size_t n, size_t c, size_t oc, bool relu, void *ws) {
+  if (!may_list(in, n, c, oc, ws))
+    return false;
+  struct rows_job rj = {.in = in, .n = n, .c = c, .s = lists_at(ws, n, c, SP_KB_ROWS)};
+  gs_cpu_parallel(ex, n, 8, list_rows_part, &rj);
+  size_t nz = 0;
+  for (size_t r = 0; r < n; r++) nz += rj.s.blk[r * (rj.s.nb + 1) + rj.s.nb] - r * rj.s.cap;
+  if (too_dense(nz, n * c))
+    return false;
+  struct fwd_job fj = {
+      .t = {.s = &rj.s, .d = w, .ldd = oc, .kdim = c, .out = out, .ldo = oc, .bias = b,
+            .accumulate = false, .relu = relu},
+      .n = n,
+      .oc = oc};
+  gs_cpu_parallel(ex, (oc + SP_NB - 1) / SP_NB, 1, fwd_part, &fj);
+  atomic_fetch_add_explicit(&gs_cpu_sparse_calls, 1, memory_order_relaxed);
+  return true;
+}
+
+/* ---- the weight gradient: parts over groups of 8 columns of in (rows of
+ * dw), each lists its own columns and then runs every tile over them ---- */
+struct wgrad_job {
+  const float *in;
+  size_t n, c, oc;
+  struct sp_lists s;
+  struct tile_job t;
+  _Atomic size_t nonzeros;
+};
+
+SP_AVX2 static void wgrad_list_part(void *ctx, size_t lo, size_t hi) {
+  struct wgrad_job *j = ctx;
+  size_t k0 = lo * 8, k1 = hi * 8 < j->c ? hi * 8 : j->c;
+  list_cols(j->in, j->n, j->c, &j->s, k0, k1);
+  size_t nz = 0;
+  for (size_t k = k0; k < k1; k++) nz += j->s.blk[k * (j->s.nb + 1) + j->s.nb] - k * j->s.cap;
+  atomic_fetch_add_explicit(&j->nonzeros, nz, memory_order_relaxed);
+}
+
+SP_AVX2 static void wgrad_part(void *ctx, size_t lo, size_t hi) {
+  struct wgrad_job *j = ctx;
+  size_t k0 = lo * 8, k1 = hi * 8 < j->c ? hi * 8 : j->c;
+  for (size_t n0 = 0; n0 < j->oc; n0 += SP_NB)
+    tile(&j->t, k0, k1, n0, j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB);
+}
+
+bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float *in, size_t n,
+                         size_t c, size_t oc, void *ws) {
+  if (!may_list(in, n, c, oc, ws))
+    return false;
+  struct wgrad_job j;
+  j.in = in;
+  j.n = n;
+  j.c = c;
+  j.oc = oc;
+  j.s = lists_at(ws, c, n, SP_KB_COLS);
+  atomic_init(&j.nonzeros, 0);
+  j.t = (struct tile_job){.s = &j.s, .d = dout, .ldd = oc, .kdim = n, .out = dw, .ldo = oc,
+                          .bias = NULL, .accumulate = true, .relu = false};
+  size_t groups = (c + 7) / 8;
+  /* Two ranges: whether the product runs at all is decided on the whole
+   * input's count, so that it does not depend on how the columns were
+   * split over threads. */
+  gs_cpu_parallel(ex, groups, 1, wgrad_list_part, &j);
+  if (too_dense(atomic_load_explicit(&j.nonzeros, memory_order_relaxed), n * c))
+    return false;
+  gs_cpu_parallel(ex, groups, 1, wgrad_part, &j);
+  atomic_fetch_add_explicit(&gs_cpu_sparse_calls, 1, memory_order_relaxed);
+  return true;
+}
+
+#else /* no AVX2 path on this architecture */
+
+bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float *w,
+                           const float *b, size_t n, size_t c, size_t oc, bool relu, void *ws) {
+  (void)ex, (void)out, (void)in, (void)w, (void)b, (void)n, (void)c, (void)oc, (void)relu,
+      (void)ws;
+  return false;
+}
+
+bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float *in, size_t n,
+                         size_t c, size_t oc, void *ws) {
+  (void)ex, (void)dw, (void)dout, (void)in, (void)n, (void)c, (void)oc, (void)ws;
+  return false;
+}
+
+#endif
