@@ -128,7 +128,11 @@ struct gs_backend {
    * (each GEMM part's block, each depthwise output row, while still in
    * cache); cuda runs its relu kernel after, on the same stream. */
 
-  /* ---- dense: in (N, C), w (C, OC), b (OC), out (N, OC) ---- */
+  /* ---- dense: in (N, C), w (C, OC), b (OC), out (N, OC) ----
+   * The cpu backend may skip the zeros of a mostly-zero fp32 input
+   * (cpu/cpu_sparse.c): there a zero input adds nothing to out and dw even
+   * against an infinite or NaN weight or dout, where a GEMM adds NaN. A
+   * non-finite input still propagates. */
   size_t (*dense_workspace)(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
   int (*dense_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                        const void *w, const void *b, uint32_t n, uint32_t c,

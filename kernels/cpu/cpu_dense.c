@@ -1,9 +1,9 @@
 /*
  * cpu_dense.c: the fully connected layer, in (N, C) . w (C, OC) + b (OC).
  *
- * fp32 runs cblas_sgemm straight on the caller's buffers (the bias is
- * written into out first and the GEMM accumulates onto it, beta = 1), so an
- * fp32 step makes no copies. 16-bit storage converts in, w (and dout) into
+ * fp32 runs cblas_sgemm straight on the caller's buffers (each GEMM part
+ * writes its block's bias rows and accumulates onto them), so an fp32 step
+ * makes no copies of its own. 16-bit storage converts in, w (and dout) into
  * the workspace, runs the same fp32 GEMMs there and rounds the result once
  * on store, which is what a GPU's fp32-accumulating GEMM does.
  *

@@ -153,7 +153,8 @@ typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 
 /* fp32 dense layers on mostly-zero inputs (cpu_sparse.c): the forward and
  * the weight gradient spend a multiply-add on each nonzero input only.
- * Taken when the input holds at most this share of nonzeros (the forward
+ * Taken when the input holds at most this share of nonzeros, in its first
+ * 8 rows and over all of it (the forward
  * breaks even with OpenBLAS at about 0.63, the gradient at 0.66, on
  * fashion-mlp's first layer), for layers of at least this many
  * multiply-adds (N * C * OC). */

@@ -21,10 +21,10 @@
  * a table of 256 shuffles put 8 floats' nonzeros side by side). Then each
  * 64-column tile of the output is eight vector accumulators in registers:
  * for each listed (value, row of the dense operand), acc += value * row. The
- * dense operand is taken 64 rows at a time and copied into a 16 KB block
- * with rows 256 bytes apart (w's own rows are 1 KB apart in fashion-mlp,
- * and 64 of them fall on 16 sets of the 8-way L1: the copy is what keeps
- * the block in L1 while every sample's list walks it).
+ * dense operand is taken 64 rows at a time (the gradient's: 128) and copied
+ * into a 16 KB (32 KB) block with rows 256 bytes apart (w's own rows are
+ * 1 KB apart in fashion-mlp, and 64 of them fall on 16 sets of the 8-way
+ * L1: the copy is what keeps the block in L1 while every list walks it).
  *
  * Bits: each output is its initial value (bias, 0, or dw as it was) plus
  * the products in the order of `in`'s index (pixels ascending for the
@@ -39,10 +39,13 @@
  * nonzero and propagates as in the dense path.
  *
  * When: fp32 only, with AVX2 and FMA, for layers of at least
- * GS_CPU_SPARSE_MIN_MACS multiply-adds with at least 64 units and 8 inputs,
- * and only when the input holds at most GS_CPU_SPARSE_MAX_DENSITY nonzeros.
- * That is decided per call from the data, so the same data always takes
- * the same path. Anything else runs the dense GEMM (cpu_dense.c).
+ * GS_CPU_SPARSE_MIN_MACS multiply-adds with at least 64 units, 8 inputs
+ * and a batch of 8, and only when both the input's first 8 rows (a probe
+ * that turns a dense input away before listing it) and the whole input
+ * hold at most GS_CPU_SPARSE_MAX_DENSITY nonzeros. That is decided per
+ * call from the data alone, never from a part of the split, so the same
+ * data always takes the same path on any thread count. Anything else runs
+ * the dense GEMM (cpu_dense.c).
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -109,8 +112,14 @@ bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc) {
   /* oc: a tile is 64 columns wide whatever the layer's width, so a
    * narrower layer would pay for columns it does not have (a 10-class
    * head: 6.4 times its multiply-adds) */
-  return n >= 8 && c >= 8 && oc >= SP_NB && n * c * oc >= GS_CPU_SPARSE_MIN_MACS &&
-         n <= UINT32_MAX / SP_NB && c <= UINT32_MAX / SP_NB;
+  if (n < 8 || c < 8 || oc < SP_NB)
+    return false;
+  /* entries are numbered, and offsets (index x 64) kept, in 32 bits */
+  double dn = (double)n, dc = (double)c;
+  if (dn * (dc + 8) > UINT32_MAX || dc * (dn + 8) > UINT32_MAX ||
+      n > UINT32_MAX / SP_NB || c > UINT32_MAX / SP_NB)
+    return false;
+  return dn * dc * (double)oc >= (double)GS_CPU_SPARSE_MIN_MACS;
 #else
   (void)n, (void)c, (void)oc;
   return false;

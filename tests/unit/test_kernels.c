@@ -547,10 +547,6 @@ Test(kernels, conv_chunks_and_threads_agree) {
   free(ws), free(ws1), free(in), free(w), free(out), free(out1);
 }
 
-/* Split over 2 threads (by columns of the output for the MLP's first layer,
- * by rows for a tall one, din's GEMM beside dw's for a small head), dense
- * forward and backward give what one thread gives: each part's bias rows,
- * the column-split bias gradient, dw, din. */
 /* A dense layer's weights (small), bias and output gradient. */
 static void fill_dense_operands(float *w, size_t nw, float *b, size_t oc, float *d, size_t no) {
   for (size_t i = 0; i < nw; i++)
@@ -561,6 +557,10 @@ static void fill_dense_operands(float *w, size_t nw, float *b, size_t oc, float 
     d[i] = (float)urand();
 }
 
+/* Split over 2 threads (by columns of the output for the MLP's first layer,
+ * by rows for a tall one, din's GEMM beside dw's for a small head), dense
+ * forward and backward give what one thread gives: each part's bias rows,
+ * the column-split bias gradient, dw, din. */
 static void dense_threads_case(uint32_t n, uint32_t c, uint32_t oc) {
   size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
   float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
@@ -609,12 +609,14 @@ Test(kernels, dense_threads_agree) {
  * threads, and the dense path for an input with too many nonzeros. zero:
  * the share of inputs that are 0 (whole groups of 8 too, as image
  * background gives); the counter says which path ran. */
-static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool relu,
-                        bool want_sparse) {
+static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool dense_tail,
+                        bool relu, bool want_sparse) {
   size_t ni = (size_t)n * c, nw = (size_t)c * oc, no = (size_t)n * oc;
   float *in = malloc(ni * 4), *w = malloc(nw * 4), *b = malloc(oc * 4), *d = malloc(no * 4);
   for (size_t i = 0; i < ni; i++) {
     bool z = (i / 8) % 5 == 0 ? zero > 0.15 : (urand() + 1) / 2 < zero;
+    if (dense_tail && i >= 8 * (size_t)c) /* past the probe's rows: no zeros */
+      z = false;
     in[i] = z ? 0.0f : (float)(urand() + 1.5) / 2.5f;
   }
   fill_dense_operands(w, nw, b, oc, d, no);
@@ -650,7 +652,7 @@ static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool r
       }
       if (relu && ref < 0)
         ref = 0;
-      expect_close(what, "out", r * oc + j, o[0][r * oc + j], ref, 1e-6, 1e-6 + 4e-7 * mag);
+      expect_close(what, "out", r * oc + j, o[0][r * oc + j], ref, 1e-6 + 4e-7 * mag, 0);
     }
   for (size_t k = 0; k < c; k++)
     for (size_t j = 0; j < oc; j++) {
@@ -659,7 +661,7 @@ static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool r
         ref += (double)in[r * c + k] * d[r * oc + j];
         mag += fabs((double)in[r * c + k] * d[r * oc + j]);
       }
-      expect_close(what, "dw", k * oc + j, dw[0][k * oc + j], ref, 1e-6, 4e-7 * mag);
+      expect_close(what, "dw", k * oc + j, dw[0][k * oc + j], ref, 1e-6 + 4e-7 * mag, 0);
     }
   if (want_sparse) /* the split never changes the order of a sum */
     for (int t = 1; t < 3; t++) {
@@ -677,10 +679,14 @@ Test(kernels, sparse_input_dense_layer) {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     cr_skip_test("this CPU lacks AVX2 or FMA: dense layers run the dense path only");
-  sparse_case(128, 784, 256, 0.5, true, true);  /* fashion-mlp's first layer */
-  sparse_case(37, 300, 100, 0.6, false, true);  /* odd sizes, a narrow last tile */
-  sparse_case(9, 1030, 130, 0.8, true, true);   /* c and n off the blocks of 8 and 64 */
-  sparse_case(64, 200, 96, 0.2, false, false);  /* 80% nonzero: the dense GEMM */
+  sparse_case(128, 784, 256, 0.5, false, true, true);  /* fashion-mlp's first layer */
+  sparse_case(37, 300, 100, 0.6, false, false, true);  /* odd sizes, a narrow last tile */
+  sparse_case(9, 1030, 130, 0.8, false, true, true);   /* c off the blocks of 8 and 64 */
+  sparse_case(300, 200, 64, 0.6, false, false, true);  /* the gradient in 3 blocks of n */
+  sparse_case(64, 200, 96, 0.2, false, false, false);  /* 80% nonzero: the dense GEMM */
+  /* sparse first rows pass the probe, the whole input is 85% nonzero: the
+   * count after listing sends both calls to the GEMM */
+  sparse_case(64, 200, 96, 0.6, true, false, false);
 }
 
 /* Zeros skip even an infinite weight (documented in cpu_sparse.c); a NaN
@@ -706,7 +712,20 @@ Test(kernels, sparse_path_non_finite) {
   cr_expect_eq(o[0 * oc + 7], 0.5f, "a zero input adds nothing against an inf weight");
   cr_expect(isinf(o[5 * oc + 7]), "a nonzero input meets the inf weight: %g", (double)o[5 * oc + 7]);
   cr_expect(isnan(o[6 * oc + 0]), "a NaN input propagates: %g", (double)o[6 * oc]);
-  free(ws), free(in), free(w), free(o);
+  /* the weight gradient: dout is 1 except an inf in row 0, whose only
+   * nonzero input is pixel 10 */
+  float *d = malloc((size_t)n * oc * 4), *dw = calloc((size_t)c * oc, 4);
+  for (size_t i = 0; i < (size_t)n * oc; i++)
+    d[i] = 1.0f;
+  d[0 * oc + 7] = INFINITY;
+  before = atomic_load(&gs_cpu_sparse_calls);
+  cr_assert_eq(B->dense_backward(EX, GS_F32, NULL, dw, NULL, d, in, w, n, c, oc, ws), 0);
+  cr_assert_eq(atomic_load(&gs_cpu_sparse_calls) - before, 1u, "the sparse path ran");
+  cr_expect(isinf(dw[10 * oc + 7]), "pixel 10 meets the inf: %g", (double)dw[10 * oc + 7]);
+  cr_expect_eq(dw[3 * oc + 7], 2.0f, "pixel 3 (row 5 only) skips row 0's inf: %g",
+               (double)dw[3 * oc + 7]);
+  cr_expect(isnan(dw[20 * oc + 1]), "the NaN input reaches dw: %g", (double)dw[20 * oc + 1]);
+  free(ws), free(in), free(w), free(o), free(d), free(dw);
 }
 
 /* gs_cpu_sgemm with beta 0 clears C itself (memset) and has OpenBLAS add
