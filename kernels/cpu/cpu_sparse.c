@@ -7,13 +7,12 @@
  * multiply-add on every element of `in`, zero or not; here they spend one
  * on each nonzero only. fashion-mlp's first layer (128 x 784 -> 256, 49%
  * nonzero) is 80% of its step's multiply-adds; in a training step on 2
- * threads the path takes 7-8% off the step (p10 840-899 us against
- * 918-967, one process switching paths every 8 steps). `bench_kernels`
- * prints the layer alone against the dense GEMMs: at best 0.93x (forward)
- * and 0.85x (weight gradient) of their time on one thread, listing
- * included, but the medians come out even on a busy host: the loop is
- * bound by loads (ten per eight multiply-adds, against OpenBLAS's eight per
- * twelve), and a neighbour on the same core competes for them.
+ * threads the path takes 7% off the step when the host is quiet (p10
+ * 0.929x the dense path's over 17 runs, one process switching paths every
+ * 8 steps) and costs about 1% in its slow stretches (docs/operations.md,
+ * Benchmarks). `bench_kernels` prints the layer alone against the dense
+ * GEMMs: at best 0.93x (forward) and 0.85x (weight gradient) of their time
+ * on one thread, listing included, with the medians even on a busy host.
  *
  * How: the nonzeros of `in` are listed once per call (forward: by row, for
  * each sample the pixels that are not 0; weight gradient: by column, for
