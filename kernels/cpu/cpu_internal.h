@@ -153,20 +153,23 @@ typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 
 /* fp32 dense layers on mostly-zero inputs (cpu_sparse.c): the forward and
  * the weight gradient spend a multiply-add on each nonzero input only.
- * Taken when the input holds at most this share of nonzeros, in its first
- * 8 rows and over all of it (the forward
- * breaks even with OpenBLAS at about 0.63, the gradient at 0.66, on
- * fashion-mlp's first layer), for layers of at least this many
- * multiply-adds (N * C * OC). */
+ * Taken when the input holds at most MAX_DENSITY nonzeros (by the
+ * prototype's timings on fashion-mlp's first layer, the forward would
+ * break even with OpenBLAS at about 0.63, the gradient at 0.66) and its
+ * first 8 rows at most PROBE_DENSITY (a cheap first look that turns a
+ * plainly dense input away before it is listed), for layers of at least
+ * MIN_MACS multiply-adds (N * C * OC). */
 #define GS_CPU_SPARSE_MAX_DENSITY 0.55
+#define GS_CPU_SPARSE_PROBE_DENSITY 0.8
 #define GS_CPU_SPARSE_MIN_MACS ((size_t)1 << 20)
 /* Whether a layer of these sizes may take the path; its workspace (bytes,
  * 0 when it may not). */
 bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc);
 size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc);
 /* out (N, OC) = in (N, C) . w (C, OC) + b (or 0 when b is NULL), relu'd
- * when asked; false (nothing written) when the path does not apply: no
- * workspace, not eligible, no AVX2, or too many nonzeros. */
+ * when asked; false (out untouched; the workspace may hold lists) when the
+ * path does not apply: no workspace, not eligible, no AVX2 and FMA, or too
+ * many nonzeros. */
 bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float *w,
                            const float *b, size_t n, size_t c, size_t oc, bool relu, void *ws);
 /* dw (C, OC) += in^T . dout (N, OC); false (dw untouched) as above. */

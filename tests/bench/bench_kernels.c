@@ -230,8 +230,10 @@ static void sparse_first_layer(gs_backend *b, int threads) {
   }
   gs_exec *ex;
   gs_exec_config cfg = {.threads = threads};
-  if (b->exec_create(b, &cfg, &ex))
+  if (b->exec_create(b, &cfg, &ex)) {
+    free(xs);
     return;
+  }
   size_t nz = 0;
   for (size_t i = 0; i < (size_t)n * c * SPARSE_BATCHES; i++)
     nz += xs[i] != 0.0f;
@@ -253,6 +255,7 @@ static void sparse_first_layer(gs_backend *b, int threads) {
       t[2 + v][r] = now_ms() - t1;
     }
   bool took = atomic_load(&gs_cpu_sparse_calls) - calls0 == 2u * SPARSE_REPS;
+  enum { MID = SPARSE_REPS / 2 };
   for (int k = 0; k < 4; k++)
     qsort(t[k], SPARSE_REPS, sizeof t[k][0], cmp);
   printf("first layer 128x784 -> 256 on Fashion-MNIST batches (%.1f%% nonzero), %d thread(s)%s:\n"
@@ -262,8 +265,8 @@ static void sparse_first_layer(gs_backend *b, int threads) {
          " (%.2fx)\n",
          100.0 * (double)nz / ((double)n * c * SPARSE_BATCHES), threads,
          took ? "" : " (the sparse path did not run every time: see cpu_sparse.c's conditions)",
-         t[0][0], t[0][SPARSE_REPS / 2], t[1][0], t[1][SPARSE_REPS / 2], t[1][SPARSE_REPS / 2] / t[0][SPARSE_REPS / 2],
-         t[2][0], t[2][SPARSE_REPS / 2], t[3][0], t[3][SPARSE_REPS / 2], t[3][SPARSE_REPS / 2] / t[2][SPARSE_REPS / 2]);
+         t[0][0], t[0][MID], t[1][0], t[1][MID], t[1][MID] / t[0][MID], t[2][0], t[2][MID],
+         t[3][0], t[3][MID], t[3][MID] / t[2][MID]);
   free(ws), free(xs), free(w), free(bias), free(out), free(dout), free(dw);
   b->exec_destroy(ex);
 }

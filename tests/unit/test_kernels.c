@@ -683,9 +683,10 @@ Test(kernels, sparse_input_dense_layer) {
   sparse_case(37, 300, 100, 0.6, false, false, true);  /* odd sizes, a narrow last tile */
   sparse_case(9, 1030, 130, 0.8, false, true, true);   /* c off the blocks of 8 and 64 */
   sparse_case(300, 200, 64, 0.6, false, false, true);  /* the gradient in 3 blocks of n */
-  sparse_case(64, 200, 96, 0.2, false, false, false);  /* 80% nonzero: the dense GEMM */
-  /* sparse first rows pass the probe, the whole input is 85% nonzero: the
-   * count after listing sends both calls to the GEMM */
+  sparse_case(64, 200, 96, 0.0, false, false, false);  /* all nonzero: the probe refuses */
+  /* 64% nonzero: past the probe (80%), the count after listing sends both
+   * calls to the dense GEMM; and the same from sparse first rows, 93% */
+  sparse_case(64, 200, 96, 0.2, false, false, false);
   sparse_case(64, 200, 96, 0.6, true, false, false);
 }
 
