@@ -11,8 +11,9 @@
  * 0.929x the dense path's over 17 runs, one process switching paths every
  * 8 steps) and costs about 1% in its slow stretches (docs/operations.md,
  * Benchmarks). `bench_kernels` prints the layer alone against the dense
- * GEMMs: at best 0.93x (forward) and 0.85x (weight gradient) of their time
- * on one thread, listing included, with the medians even on a busy host.
+ * GEMMs: at best 0.87-0.93x (forward) and 0.84-0.85x (weight gradient) of
+ * their time on one thread, listing included, with the medians even on a
+ * busy host.
  *
  * How: the nonzeros of `in` are listed once per call (forward: by row, for
  * each sample the pixels that are not 0; weight gradient: by column, for
