@@ -94,6 +94,11 @@ struct sp_lists {
 };
 
 /* The lists' layout in a workspace for `nlists` lists over `len` indices. */
+/* Entries list r holds (its nonzeros). */
+static size_t list_len(const struct sp_lists *s, size_t r) {
+  return s->blk[r * (s->nb + 1) + s->nb] - r * s->cap;
+}
+
 static size_t lists_bytes(size_t nlists, size_t len, size_t kb) {
   size_t cap = len + 8;
   return nlists * cap * (sizeof(float) + sizeof(uint32_t)) +
@@ -391,7 +396,7 @@ bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float
   struct rows_job rj = {.in = in, .n = n, .c = c, .s = lists_at(ws, n, c, SP_KB_ROWS)};
   gs_cpu_parallel(ex, n, 8, list_rows_part, &rj);
   size_t nz = 0;
-  for (size_t r = 0; r < n; r++) nz += rj.s.blk[r * (rj.s.nb + 1) + rj.s.nb] - r * rj.s.cap;
+  for (size_t r = 0; r < n; r++) nz += list_len(&rj.s, r);
   if (too_dense(nz, n * c, GS_CPU_SPARSE_MAX_DENSITY))
     return false;
   struct fwd_job fj = {
@@ -419,7 +424,7 @@ SP_AVX2 static void wgrad_list_part(void *ctx, size_t lo, size_t hi) {
   size_t k0 = lo * 8, k1 = hi * 8 < j->c ? hi * 8 : j->c;
   list_cols(j->in, j->n, j->c, &j->s, k0, k1);
   size_t nz = 0;
-  for (size_t k = k0; k < k1; k++) nz += j->s.blk[k * (j->s.nb + 1) + j->s.nb] - k * j->s.cap;
+  for (size_t k = k0; k < k1; k++) nz += list_len(&j->s, k);
   atomic_fetch_add_explicit(&j->nonzeros, nz, memory_order_relaxed);
 }
 
