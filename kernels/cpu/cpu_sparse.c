@@ -25,6 +25,10 @@
  * into a 16 KB (32 KB) block with rows 256 bytes apart (w's own rows are
  * 1 KB apart in fashion-mlp, and 64 of them fall on 16 sets of the 8-way
  * L1: the copy is what keeps the block in L1 while every list walks it).
+ * The forward's threads split the tiles and copy w's blocks as they go; the
+ * gradient copies all of dout once, into its workspace, and its threads
+ * then take its rows of dw 16 at a time, each the next 16 not taken (the
+ * counts of a column's nonzeros vary too much for an even split).
  *
  * Bits: each output is its initial value (bias, 0, or dw as it was) plus
  * the products in the order of `in`'s index (pixels ascending for the
@@ -74,7 +78,6 @@ _Atomic uint64_t gs_cpu_sparse_calls;
 #define SP_NB 64
 #define SP_KB_ROWS 64
 #define SP_KB_COLS 128
-#define SP_KB_MAX 128
 
 static size_t nblocks(size_t k, size_t kb) { return (k + kb - 1) / kb; }
 
@@ -116,6 +119,15 @@ static struct sp_lists lists_at(void *ws, size_t nlists, size_t len, size_t kb) 
   return s;
 }
 
+static size_t tiles_of(size_t oc) { return (oc + SP_NB - 1) / SP_NB; }
+
+/* The weight gradient packs dout once for all of its items (below), in
+ * front of its lists in the workspace: n rows of every tile, and 64 bytes
+ * to align them. */
+static size_t packed_bytes(size_t n, size_t oc) {
+  return tiles_of(oc) * n * SP_NB * sizeof(float) + 64;
+}
+
 bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc) {
 #if GS_SPARSE_X86
   /* oc: a tile is 64 columns wide whatever the layer's width, so a
@@ -138,7 +150,8 @@ bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc) {
 size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc) {
   if (!gs_cpu_sparse_eligible(n, c, oc))
     return 0;
-  size_t fwd = lists_bytes(n, c, SP_KB_ROWS), wgrad = lists_bytes(c, n, SP_KB_COLS);
+  size_t fwd = lists_bytes(n, c, SP_KB_ROWS),
+         wgrad = packed_bytes(n, oc) + lists_bytes(c, n, SP_KB_COLS);
   return fwd > wgrad ? fwd : wgrad;
 }
 
@@ -288,67 +301,74 @@ struct tile_job {
   bool accumulate, relu;
 };
 
-SP_AVX2 static void tile(const struct tile_job *j, size_t r0, size_t r1, size_t n0, size_t w) {
-  _Alignas(64) float pk[SP_KB_MAX * SP_NB]; /* 32 KB: every thread here has 8 MiB */
+/* Rows [k0, k0 + kn) of d's columns [n0, n0 + w) into pk, rows SP_NB
+ * apart, zeros after column w. */
+static void pack_rows(float *pk, const float *d, size_t ldd, size_t k0, size_t kn, size_t n0,
+                      size_t w) {
+  for (size_t k = 0; k < kn; k++) {
+    memcpy(pk + k * SP_NB, d + (k0 + k) * ldd + n0, w * sizeof(float));
+    if (w < SP_NB)
+      memset(pk + k * SP_NB + w, 0, (SP_NB - w) * sizeof(float));
+  }
+}
+
+/* Block b's products into out rows [r0, r1), columns [n0, n0 + w): pk holds
+ * the block's rows of d, packed (pack_rows), 32-byte aligned. */
+SP_AVX2 static void tile_block(const struct tile_job *j, const float *pk, size_t b, size_t r0,
+                               size_t r1, size_t n0, size_t w) {
   _Alignas(64) float part[SP_NB]; /* a narrow tile's row, padded */
   _Alignas(64) float binit[SP_NB];
   const struct sp_lists *s = j->s;
-  memset(binit, 0, sizeof binit);
-  if (j->bias)
-    memcpy(binit, j->bias + n0, w * sizeof(float));
-  for (size_t b = 0; b < s->nb; b++) {
-    size_t k0 = b * s->kb, kn = j->kdim - k0 < s->kb ? j->kdim - k0 : s->kb;
-    for (size_t k = 0; k < kn; k++) {
-      memcpy(pk + k * SP_NB, j->d + (k0 + k) * j->ldd + n0, w * sizeof(float));
-      if (w < SP_NB)
-        memset(pk + k * SP_NB + w, 0, (SP_NB - w) * sizeof(float));
+  bool first = b == 0, last = b + 1 == s->nb;
+  if (first && !j->accumulate) {
+    memset(binit, 0, sizeof binit);
+    if (j->bias)
+      memcpy(binit, j->bias + n0, w * sizeof(float));
+  }
+  uint32_t koff = (uint32_t)(b * s->kb * SP_NB); /* off[e] counts from row 0 */
+  for (size_t r = r0; r < r1; r++) {
+    float *o = j->out + r * j->ldo + n0;
+    const float *src = first ? (j->accumulate ? o : binit) : o;
+    if (w < SP_NB) {
+      if (src == o) {
+        memcpy(part, o, w * sizeof(float));
+        memset(part + w, 0, (SP_NB - w) * sizeof(float));
+      } else
+        memcpy(part, src, sizeof part);
+      src = part;
     }
-    uint32_t koff = (uint32_t)(k0 * SP_NB); /* off[e] counts from row 0 */
-    bool first = b == 0, last = b + 1 == s->nb;
-    for (size_t r = r0; r < r1; r++) {
-      float *o = j->out + r * j->ldo + n0;
-      const float *src = first ? (j->accumulate ? o : binit) : o;
-      if (w < SP_NB) {
-        if (src == o) {
-          memcpy(part, o, w * sizeof(float));
-          memset(part + w, 0, (SP_NB - w) * sizeof(float));
-        } else
-          memcpy(part, src, sizeof part);
-        src = part;
-      }
-      __m256 a0 = _mm256_loadu_ps(src), a1 = _mm256_loadu_ps(src + 8);
-      __m256 a2 = _mm256_loadu_ps(src + 16), a3 = _mm256_loadu_ps(src + 24);
-      __m256 a4 = _mm256_loadu_ps(src + 32), a5 = _mm256_loadu_ps(src + 40);
-      __m256 a6 = _mm256_loadu_ps(src + 48), a7 = _mm256_loadu_ps(src + 56);
-      const uint32_t *blk = s->blk + r * (s->nb + 1);
-      const float *val = s->val;
-      const uint32_t *off = s->off;
-      for (uint32_t e = blk[b], end = blk[b + 1]; e < end; e++) {
-        const float *d = pk + (off[e] - koff);
-        __m256 v = _mm256_broadcast_ss(val + e);
-        a0 = _mm256_fmadd_ps(v, _mm256_load_ps(d), a0);
-        a1 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 8), a1);
-        a2 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 16), a2);
-        a3 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 24), a3);
-        a4 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 32), a4);
-        a5 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 40), a5);
-        a6 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 48), a6);
-        a7 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 56), a7);
-      }
-      float *dst = w < SP_NB ? part : o;
-      _mm256_storeu_ps(dst, a0);
-      _mm256_storeu_ps(dst + 8, a1);
-      _mm256_storeu_ps(dst + 16, a2);
-      _mm256_storeu_ps(dst + 24, a3);
-      _mm256_storeu_ps(dst + 32, a4);
-      _mm256_storeu_ps(dst + 40, a5);
-      _mm256_storeu_ps(dst + 48, a6);
-      _mm256_storeu_ps(dst + 56, a7);
-      if (last && j->relu)
-        gs_cpu_relu_rows(dst, 1, w, w);
-      if (w < SP_NB)
-        memcpy(o, part, w * sizeof(float));
+    __m256 a0 = _mm256_loadu_ps(src), a1 = _mm256_loadu_ps(src + 8);
+    __m256 a2 = _mm256_loadu_ps(src + 16), a3 = _mm256_loadu_ps(src + 24);
+    __m256 a4 = _mm256_loadu_ps(src + 32), a5 = _mm256_loadu_ps(src + 40);
+    __m256 a6 = _mm256_loadu_ps(src + 48), a7 = _mm256_loadu_ps(src + 56);
+    const uint32_t *blk = s->blk + r * (s->nb + 1);
+    const float *val = s->val;
+    const uint32_t *off = s->off;
+    for (uint32_t e = blk[b], end = blk[b + 1]; e < end; e++) {
+      const float *d = pk + (off[e] - koff);
+      __m256 v = _mm256_broadcast_ss(val + e);
+      a0 = _mm256_fmadd_ps(v, _mm256_load_ps(d), a0);
+      a1 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 8), a1);
+      a2 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 16), a2);
+      a3 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 24), a3);
+      a4 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 32), a4);
+      a5 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 40), a5);
+      a6 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 48), a6);
+      a7 = _mm256_fmadd_ps(v, _mm256_load_ps(d + 56), a7);
     }
+    float *dst = w < SP_NB ? part : o;
+    _mm256_storeu_ps(dst, a0);
+    _mm256_storeu_ps(dst + 8, a1);
+    _mm256_storeu_ps(dst + 16, a2);
+    _mm256_storeu_ps(dst + 24, a3);
+    _mm256_storeu_ps(dst + 32, a4);
+    _mm256_storeu_ps(dst + 40, a5);
+    _mm256_storeu_ps(dst + 48, a6);
+    _mm256_storeu_ps(dst + 56, a7);
+    if (last && j->relu)
+      gs_cpu_relu_rows(dst, 1, w, w);
+    if (w < SP_NB)
+      memcpy(o, part, w * sizeof(float));
   }
 }
 
@@ -360,9 +380,16 @@ struct fwd_job {
 
 SP_AVX2 static void fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct fwd_job *j = ctx;
+  const struct sp_lists *s = j->t.s;
+  _Alignas(64) float pk[SP_KB_ROWS * SP_NB]; /* 16 KB: every thread here has 8 MiB */
   for (size_t t = lo; t < hi; t++) {
     size_t n0 = t * SP_NB, w = j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB;
-    tile(&j->t, 0, j->n, n0, w);
+    for (size_t b = 0; b < s->nb; b++) {
+      size_t k0 = b * s->kb;
+      pack_rows(pk, j->t.d, j->t.ldd, k0, j->t.kdim - k0 < s->kb ? j->t.kdim - k0 : s->kb, n0,
+                w);
+      tile_block(&j->t, pk, b, 0, j->n, n0, w);
+    }
   }
 }
 
@@ -409,14 +436,25 @@ bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float
   return true;
 }
 
-/* ---- the weight gradient: parts over groups of 8 columns of in (rows of
- * dw), each lists its own columns and then runs every tile over them ---- */
+/* ---- the weight gradient. First a range over groups of 8 columns of in
+ * (rows of dw): each part lists its columns and packs its share of dout's
+ * rows for every tile, once for the whole product. Then the product, as
+ * items of SP_WG_ITEM rows of dw that the threads take in turn, each the
+ * next one not taken: a column's entries are far from even (a batch of
+ * Fashion-MNIST holds 54% of its nonzeros in the lower half of the image),
+ * and a thread of a shared host may run slower than its peer for a while;
+ * an even split of the rows left one thread waiting on the other. ---- */
+#define SP_WG_ITEM 16
+
 struct wgrad_job {
   const float *in;
   size_t n, c, oc;
   struct sp_lists s;
   struct tile_job t;
+  float *packed; /* tile t's rows of dout at packed + t * n * SP_NB */
+  size_t items;
   _Atomic size_t nonzeros;
+  _Atomic size_t next; /* the next item not taken */
 };
 
 SP_AVX2 static void wgrad_list_part(void *ctx, size_t lo, size_t hi) {
@@ -426,13 +464,32 @@ SP_AVX2 static void wgrad_list_part(void *ctx, size_t lo, size_t hi) {
   size_t nz = 0;
   for (size_t k = k0; k < k1; k++) nz += list_len(&j->s, k);
   atomic_fetch_add_explicit(&j->nonzeros, nz, memory_order_relaxed);
+  /* the part's rows of dout: the parts' [lo, hi) cover the groups, so
+   * these cover [0, n) */
+  size_t groups = (j->c + 7) / 8, i0 = lo * j->n / groups, i1 = hi * j->n / groups;
+  for (size_t t = 0; t < tiles_of(j->oc); t++) {
+    size_t n0 = t * SP_NB;
+    pack_rows(j->packed + (t * j->n + i0) * SP_NB, j->t.d, j->t.ldd, i0, i1 - i0, n0,
+              j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB);
+  }
 }
 
+/* [lo, hi) is not used: each part takes items until none is left. */
 SP_AVX2 static void wgrad_part(void *ctx, size_t lo, size_t hi) {
   struct wgrad_job *j = ctx;
-  size_t k0 = lo * 8, k1 = hi * 8 < j->c ? hi * 8 : j->c;
-  for (size_t n0 = 0; n0 < j->oc; n0 += SP_NB)
-    tile(&j->t, k0, k1, n0, j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB);
+  const struct sp_lists *s = &j->s;
+  (void)lo, (void)hi;
+  for (;;) {
+    size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (i >= j->items)
+      return;
+    size_t k0 = i * SP_WG_ITEM, k1 = k0 + SP_WG_ITEM < j->c ? k0 + SP_WG_ITEM : j->c;
+    for (size_t t = 0; t < tiles_of(j->oc); t++) {
+      size_t n0 = t * SP_NB, w = j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB;
+      for (size_t b = 0; b < s->nb; b++)
+        tile_block(&j->t, j->packed + (t * j->n + b * s->kb) * SP_NB, b, k0, k1, n0, w);
+    }
+  }
 }
 
 bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float *in, size_t n,
@@ -444,19 +501,21 @@ bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float 
   j.n = n;
   j.c = c;
   j.oc = oc;
-  j.s = lists_at(ws, c, n, SP_KB_COLS);
+  j.packed = (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+  j.s = lists_at((char *)ws + packed_bytes(n, oc), c, n, SP_KB_COLS);
+  j.items = (c + SP_WG_ITEM - 1) / SP_WG_ITEM;
   atomic_init(&j.nonzeros, 0);
+  atomic_init(&j.next, 0);
   j.t = (struct tile_job){.s = &j.s, .d = dout, .ldd = oc, .kdim = n, .out = dw, .ldo = oc,
                           .bias = NULL, .accumulate = true, .relu = false};
-  size_t groups = (c + 7) / 8;
   /* Two ranges: whether the product runs at all is decided on the whole
    * input's count, so that it does not depend on how the columns were
    * split over threads. */
-  gs_cpu_parallel(ex, groups, 1, wgrad_list_part, &j);
+  gs_cpu_parallel(ex, (c + 7) / 8, 1, wgrad_list_part, &j);
   if (too_dense(atomic_load_explicit(&j.nonzeros, memory_order_relaxed), n * c,
                 GS_CPU_SPARSE_MAX_DENSITY))
     return false;
-  gs_cpu_parallel(ex, groups, 1, wgrad_part, &j);
+  gs_cpu_parallel(ex, j.items, 1, wgrad_part, &j);
   atomic_fetch_add_explicit(&gs_cpu_sparse_calls, 1, memory_order_relaxed);
   return true;
 }
