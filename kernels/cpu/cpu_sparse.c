@@ -21,10 +21,10 @@
  * a table of 256 shuffles put 8 floats' nonzeros side by side). Then each
  * 64-column tile of the output is eight vector accumulators in registers:
  * for each listed (value, row of the dense operand), acc += value * row. The
- * dense operand is taken 64 rows at a time (the gradient's: 128) and copied
- * into a 16 KB (32 KB) block with rows 256 bytes apart (w's own rows are
- * 1 KB apart in fashion-mlp, and 64 of them fall on 16 sets of the 8-way
- * L1: the copy is what keeps the block in L1 while every list walks it).
+ * dense operand is taken 128 rows at a time and copied into a 32 KB block
+ * with rows 256 bytes apart (w's own rows are 1 KB apart in fashion-mlp,
+ * and 64 of them fall on 16 sets of the 8-way L1: the copy is what keeps
+ * the rows a list walks apart in the cache).
  * The forward's threads split the tiles and copy w's blocks as they go; the
  * gradient copies all of dout once, into its workspace, and its threads
  * then take its rows of dw 16 at a time, each the next 16 not taken (the
@@ -70,14 +70,17 @@ _Atomic uint64_t gs_cpu_sparse_calls;
 #endif
 
 /* Output columns in one register tile (eight 8-float accumulators), and
- * rows of the dense operand in one packed block (multiples of 8): 64 for
- * the forward (w's block, 16 KB, stays in L1 beside the lists it is read
- * for), 128 for the weight gradient (all of a 128-sample batch's dout in
- * one block, so each row of dw is read and written once per tile; 64 costs
- * a second pass over dw, 800 KB in fashion-mlp's first layer). */
+ * rows of the dense operand in one packed block (a multiple of 8): 128, a
+ * 32 KB block. For the weight gradient that is all of a 128-sample batch's
+ * dout, so each row of dw is read and written once per tile (64 costs a
+ * second pass over dw, 800 KB in fashion-mlp's first layer). For the
+ * forward, 64 rows (16 KB, all of it in L1 beside the lists) made a list's
+ * run through a block half as long, and the block's loop and its
+ * accumulators' loads and stores cost more than the L1 saved: in a
+ * training step 128 took 4-8% off the layer's forward (377 vs 392, 379 vs
+ * 399, 300 vs 325 us; one process switching every 8 steps). */
 #define SP_NB 64
-#define SP_KB_ROWS 64
-#define SP_KB_COLS 128
+#define SP_KB 128
 
 static size_t nblocks(size_t k, size_t kb) { return (k + kb - 1) / kb; }
 
@@ -150,8 +153,8 @@ bool gs_cpu_sparse_eligible(size_t n, size_t c, size_t oc) {
 size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc) {
   if (!gs_cpu_sparse_eligible(n, c, oc))
     return 0;
-  size_t fwd = lists_bytes(n, c, SP_KB_ROWS),
-         wgrad = packed_bytes(n, oc) + lists_bytes(c, n, SP_KB_COLS);
+  size_t fwd = lists_bytes(n, c, SP_KB),
+         wgrad = packed_bytes(n, oc) + lists_bytes(c, n, SP_KB);
   return fwd > wgrad ? fwd : wgrad;
 }
 
@@ -381,7 +384,7 @@ struct fwd_job {
 SP_AVX2 static void fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct fwd_job *j = ctx;
   const struct sp_lists *s = j->t.s;
-  _Alignas(64) float pk[SP_KB_ROWS * SP_NB]; /* 16 KB: every thread here has 8 MiB */
+  _Alignas(64) float pk[SP_KB * SP_NB]; /* 32 KB: every thread here has 8 MiB */
   for (size_t t = lo; t < hi; t++) {
     size_t n0 = t * SP_NB, w = j->oc - n0 < SP_NB ? j->oc - n0 : SP_NB;
     for (size_t b = 0; b < s->nb; b++) {
@@ -420,7 +423,7 @@ bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float
                            const float *b, size_t n, size_t c, size_t oc, bool relu, void *ws) {
   if (!may_list(in, n, c, oc, ws))
     return false;
-  struct rows_job rj = {.in = in, .n = n, .c = c, .s = lists_at(ws, n, c, SP_KB_ROWS)};
+  struct rows_job rj = {.in = in, .n = n, .c = c, .s = lists_at(ws, n, c, SP_KB)};
   gs_cpu_parallel(ex, n, 8, list_rows_part, &rj);
   size_t nz = 0;
   for (size_t r = 0; r < n; r++) nz += list_len(&rj.s, r);
@@ -502,7 +505,7 @@ bool gs_cpu_sparse_wgrad(gs_exec *ex, float *dw, const float *dout, const float 
   j.c = c;
   j.oc = oc;
   j.packed = (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-  j.s = lists_at((char *)ws + packed_bytes(n, oc), c, n, SP_KB_COLS);
+  j.s = lists_at((char *)ws + packed_bytes(n, oc), c, n, SP_KB);
   j.items = (c + SP_WG_ITEM - 1) / SP_WG_ITEM;
   atomic_init(&j.nonzeros, 0);
   atomic_init(&j.next, 0);

@@ -681,7 +681,7 @@ Test(kernels, sparse_input_dense_layer) {
     cr_skip_test("this CPU lacks AVX2 or FMA: dense layers run the dense path only");
   sparse_case(128, 784, 256, 0.5, false, true, true);  /* fashion-mlp's first layer */
   sparse_case(37, 300, 100, 0.6, false, false, true);  /* odd sizes, a narrow last tile */
-  sparse_case(9, 1030, 130, 0.8, false, true, true);   /* c off the blocks of 8 and 64 */
+  sparse_case(9, 1030, 130, 0.8, false, true, true);   /* c off the blocks of 8 and 128 */
   sparse_case(300, 200, 64, 0.6, false, false, true);  /* the gradient in 3 blocks of n */
   sparse_case(64, 200, 96, 0.0, false, false, false);  /* all nonzero: the probe refuses */
   /* 64% nonzero: past the probe (80%), the count after listing sends both
