@@ -304,10 +304,25 @@ struct tile_job {
   bool accumulate, relu;
 };
 
-/* Rows [k0, k0 + kn) of d's columns [n0, n0 + w) into pk, rows SP_NB
- * apart, zeros after column w. */
-static void pack_rows(float *pk, const float *d, size_t ldd, size_t k0, size_t kn, size_t n0,
-                      size_t w) {
+/* Rows [k0, k0 + kn) of d's columns [n0, n0 + w) into pk (32-byte
+ * aligned), rows SP_NB apart, zeros after column w. A whole tile's row is
+ * copied in registers, with the row 8 ahead asked for: a memcpy call a row
+ * and the strided rows' misses made the forward's copy of w 40-50 us of a
+ * step (both threads, a busy hour), 30-37 us this way, and the step's p10
+ * and median each 1% shorter over four in-process A/B runs. */
+SP_AVX2 static void pack_rows(float *pk, const float *d, size_t ldd, size_t k0, size_t kn,
+                              size_t n0, size_t w) {
+  if (w == SP_NB) {
+    for (size_t k = 0; k < kn; k++) {
+      const float *src = d + (k0 + k) * ldd + n0;
+      if (k + 8 < kn)
+        for (int q = 0; q < 4; q++)
+          _mm_prefetch((const char *)(src + 8 * ldd) + 64 * q, _MM_HINT_T0);
+      for (int q = 0; q < 8; q++)
+        _mm256_store_ps(pk + k * SP_NB + 8 * q, _mm256_loadu_ps(src + 8 * q));
+    }
+    return;
+  }
   for (size_t k = 0; k < kn; k++) {
     memcpy(pk + k * SP_NB, d + (k0 + k) * ldd + n0, w * sizeof(float));
     if (w < SP_NB)
