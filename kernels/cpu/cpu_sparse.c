@@ -449,7 +449,7 @@ bool gs_cpu_sparse_forward(gs_exec *ex, float *out, const float *in, const float
             .accumulate = false, .relu = relu},
       .n = n,
       .oc = oc};
-  gs_cpu_parallel(ex, (oc + SP_NB - 1) / SP_NB, 1, fwd_part, &fj);
+  gs_cpu_parallel(ex, tiles_of(oc), 1, fwd_part, &fj);
   atomic_fetch_add_explicit(&gs_cpu_sparse_calls, 1, memory_order_relaxed);
   return true;
 }
