@@ -10,7 +10,7 @@
  * answering the wrong question. Uploads and downloads go in 1 MiB chunks so
  * no frame comes near the 16 MiB limit, however large the dataset.
  */
-#include "gs_client.h"
+#include "client/client.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -20,8 +20,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "gs_sha256.h"
-#include "wire.h"
+#include "common/sha256.h"
+#include "proto/wire.h"
 
 struct gs_client {
   int fd;           /* connected socket */

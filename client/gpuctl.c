@@ -38,9 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gs_client.h"
-#include "size.h"
-#include "wire.h"
+#include "client/client.h"
+#include "common/size.h"
+#include "proto/wire.h"
 
 #ifndef GS_VERSION
 #define GS_VERSION "unknown"

@@ -29,20 +29,16 @@
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/../systemd/tmpfiles.d/gpushare.conf
         DESTINATION lib/tmpfiles.d)
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/../README.md DESTINATION share/doc/gpushare)
-file(GLOB GS_PACKAGE_DOCS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../docs/*.md)
-install(FILES ${GS_PACKAGE_DOCS} DESTINATION share/doc/gpushare)
-# The example jobs: their text form and, where protoc built them, the
-# binary JobSpecs `gpuctl submit` takes.
-file(GLOB GS_PACKAGE_EXAMPLES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../examples/*.txtpb)
-install(FILES ${GS_PACKAGE_EXAMPLES} ${CMAKE_CURRENT_LIST_DIR}/../examples/README.md
-        DESTINATION share/doc/gpushare/examples)
-if(TARGET gs_examples)
-  foreach(src ${GS_PACKAGE_EXAMPLES})
-    get_filename_component(stem ${src} NAME_WE)
-    install(FILES ${CMAKE_BINARY_DIR}/examples/${stem}.pb
-            DESTINATION share/doc/gpushare/examples)
-  endforeach()
-endif()
+install(FILES docs/architecture.md docs/gpu.md docs/jobs.md docs/operations.md docs/protocol.md
+              docs/security.md
+        DESTINATION share/doc/gpushare)
+# The example jobs: their text form and the binary JobSpecs `gpuctl submit`
+# takes (examples/CMakeLists.txt encodes them).
+foreach(stem ${GS_EXAMPLE_NAMES})
+  install(FILES examples/${stem}.txtpb ${CMAKE_BINARY_DIR}/examples/${stem}.pb
+          DESTINATION share/doc/gpushare/examples)
+endforeach()
+install(FILES examples/README.md DESTINATION share/doc/gpushare/examples)
 
 set(GS_PACKAGE_MAINTAINER "gpushare maintainers <root@localhost>" CACHE STRING
     "Maintainer: field of the Debian package (name <address>)")

@@ -1,5 +1,5 @@
 /* error.c: gs_err, the one error value every gpushare module reports with. */
-#include "gs_error.h"
+#include "common/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * and the standard padding at the end. Tested against the FIPS example
  * vectors in client/test_client.c.
  */
-#include "gs_sha256.h"
+#include "common/sha256.h"
 
 #include <string.h>
 

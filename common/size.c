@@ -9,7 +9,7 @@
  * no float rounding. NaN, inf and hex floats never reach strtod because
  * strtod is never called.
  */
-#include "size.h"
+#include "common/size.h"
 
 #include <ctype.h>
 #include <errno.h>

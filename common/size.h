@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gs_error.h"
+#include "common/error.h"
 
 /* Parse s into *out. Refuses empty text, a sign ("-1", "+1"), an unknown
  * suffix ("4XB"), a value past UINT64_MAX, trailing garbage, NaN/inf, a

@@ -2,7 +2,7 @@
  * backend.h: the compute contract every gpushare device implements.
  *
  * A backend is a table of functions over device buffers. The training runtime
- * (daemon/train/) never touches tensor memory itself: it asks the backend to
+ * (runtime/) never touches tensor memory itself: it asks the backend to
  * reserve regions (the vdev allocator carves tensors out of them), to copy
  * batches in and results out, and to run the ops below. Two backends share
  * this one contract: `cpu` (kernels/cpu/, C11 + OpenBLAS, the reference) and

@@ -15,7 +15,7 @@
  */
 #include <string.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 size_t gs_dtype_size(gs_dtype dt) {
   switch (dt) {

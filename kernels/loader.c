@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader.h"
+#include "kernels/loader.h"
 
 #define GS_CUDA_PLUGIN_NAME "libgskernels_cuda.so"
 

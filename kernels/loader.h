@@ -12,9 +12,8 @@
  *   1. $GS_CUDA_PLUGIN, a path to the .so (only there, when it is set);
  *   2. the running executable's directory;
  *   3. its kernels/cuda, ../kernels/cuda and ../../kernels/cuda (the build
- *      trees: build/daemon/train/gpushare-run and build/kernels/test_* reach
- *      build/kernels/cuda/libgskernels_cuda.so, and the GPU-only project's
- *      build-gpu/gpu_tests reaches build-gpu/kernels/cuda/);
+ *      tree: build/bin/gpushared, gpushare-run and the tests reach
+ *      build/kernels/cuda/libgskernels_cuda.so);
  *   4. the install library directory (GS_INSTALL_LIBDIR, e.g.
  *      /usr/local/lib);
  *   5. the plain name, through the dynamic linker's own search.
@@ -36,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,7 +19,7 @@
  * field 2 ..."). If the walk finds nothing and protobuf-c still refuses, we
  * say that too, with the frame's size.
  */
-#include "wire.h"
+#include "proto/wire.h"
 
 #include <errno.h>
 #include <stdio.h>

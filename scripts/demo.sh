@@ -16,10 +16,10 @@ trap cleanup EXIT
 
 echo
 echo "== gpushared on $GPUSHARE_SOCKET (state in $D/state)"
-"$B/daemon/gpushared" --foreground --state-dir "$D/state" 2>"$D/gpushared.log" &
+"$B/bin/gpushared" --foreground --state-dir "$D/state" 2>"$D/gpushared.log" &
 DPID=$!
-for _ in $(seq 100); do "$B/client/gpuctl" version >/dev/null 2>&1 && break; sleep 0.1; done
-gpuctl() { echo "\$ gpuctl $*"; "$B/client/gpuctl" "$@"; echo; }
+for _ in $(seq 100); do "$B/bin/gpuctl" version >/dev/null 2>&1 && break; sleep 0.1; done
+gpuctl() { echo "\$ gpuctl $*"; "$B/bin/gpuctl" "$@"; echo; }
 gpuctl devices
 gpuctl tenant create ml-team --uid "$(id -u)"
 gpuctl quota set ml-team --memory 4GiB --compute 100 --max-running 2 --max-queued 8
@@ -30,7 +30,7 @@ gpuctl vdev list
 echo "== the tenant's data: Debian's Fashion-MNIST, uploaded once (content-addressed)"
 FM=/usr/share/datasets/fashion-mnist
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
-  "$B/client/gpuctl" dataset add "$f" "$FM/$f" >/dev/null
+  "$B/bin/gpuctl" dataset add "$f" "$FM/$f" >/dev/null
 done
 gpuctl dataset list
 
@@ -41,9 +41,9 @@ sed "s/^epochs: .*/epochs: $EPOCHS/" examples/fashion-mlp.txtpb >"$D/fashion-mlp
 gpuctl job encode "$D/fashion-mlp.txtpb" -o "$JOB"
 gpuctl plan "$JOB" --vdev ml0
 echo "\$ gpuctl submit $JOB --watch"
-"$B/client/gpuctl" submit "$JOB" --watch
-ID=$("$B/client/gpuctl" --json list | python3 -c "import json,sys; print(json.load(sys.stdin)['job'][-1]['id'])")
+"$B/bin/gpuctl" submit "$JOB" --watch
+ID=$("$B/bin/gpuctl" --json list | python3 -c "import json,sys; print(json.load(sys.stdin)['job'][-1]['id'])")
 echo
 gpuctl status "$ID"
-ACC=$("$B/client/gpuctl" --json status "$ID" | python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['job']['epoch'][-1]['test_accuracy'])")
+ACC=$("$B/bin/gpuctl" --json status "$ID" | python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['job']['epoch'][-1]['test_accuracy'])")
 echo "== fashion-mlp: test accuracy $ACC after $EPOCHS epochs"

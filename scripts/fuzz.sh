@@ -6,7 +6,7 @@
 # TARGET is wire, request, jobspec, idx, ckpt or size (default: all, one
 # after the other). Prints the executions per target; exits non-zero on any
 # crash, leak, timeout or out-of-memory, naming the reproducer, which can be
-# rerun with: build-fuzz/tests/fuzz/fuzz_TARGET REPRODUCER
+# rerun with: build-fuzz/bin/fuzz_TARGET REPRODUCER
 # Environment: GS_FUZZ_BUILD (default build-fuzz), GS_FUZZ_WORK (default a
 # temporary directory, removed afterwards unless something failed),
 # GS_FUZZ_JOBS (build parallelism, default nproc), GS_FUZZ_CC (default clang).
@@ -54,7 +54,7 @@ echo "== fuzz: building ${TARGETS[*]} in $BUILD"
 CC="$CC" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGS_SANITIZE=ON \
   -DGS_TESTS=OFF -DCMAKE_CUDA_COMPILER=CMAKE_CUDA_COMPILER-NOTFOUND \
   "-DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -Wno-unknown-warning-option" \
-  "-DGS_MODULES=common;proto;kernels;daemon/train;daemon;tests/fuzz" >/dev/null
+  -DGS_FUZZ=ON -DGS_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]/#/fuzz_}" >/dev/null
 
 WORK=${GS_FUZZ_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gs-fuzz.XXXXXX")}
@@ -64,7 +64,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_retur
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 failed=()
 for t in "${TARGETS[@]}"; do
-  bin="$PWD/$BUILD/tests/fuzz/fuzz_$t"
+  bin="$PWD/$BUILD/bin/fuzz_$t"
   dir="$WORK/$t"
   rm -rf "$dir"
   mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"

@@ -45,5 +45,5 @@ if [ ${#optional[@]} -gt 0 ]; then
   fi
 fi
 
-cmake -S . -B "$BUILD" "$@" >/dev/null
+cmake -S . -B "$BUILD" -DGS_WERROR=ON "$@" >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"

@@ -58,8 +58,8 @@
 
 #include <cblas.h>
 
-#include "cpu_internal.h"
-#include "fpenv.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/fpenv.h"
 
 /* ---- worker pool ---- */
 

@@ -29,7 +29,7 @@
  */
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kernels/cpu/cpu_internal.h"
 
 /* Upper bound on one chunk of im2col rows (at least one image is taken). */
 #define GS_CPU_COL_BYTES ((size_t)8 << 20)

@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kernels/cpu/cpu_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

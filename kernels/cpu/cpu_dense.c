@@ -18,7 +18,7 @@
  */
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kernels/cpu/cpu_internal.h"
 
 size_t gs_cpu_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
   if (dt == GS_F32) /* the nonzeros' lists, for a mostly-zero input */

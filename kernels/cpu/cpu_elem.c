@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kernels/cpu/cpu_internal.h"
 
 /* "No dependence between iterations" for gcc's vectoriser; clang (the fuzz
  * build) vectorises these loops with its own alias checks. */

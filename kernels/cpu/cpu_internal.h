@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 /* fn(ctx, lo, hi) processes items [lo, hi) of a range split over threads. */
 typedef void (*gs_cpu_range_fn)(void *ctx, size_t lo, size_t hi);

@@ -58,7 +58,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "cpu_internal.h"
+#include "kernels/cpu/cpu_internal.h"
 
 _Atomic uint64_t gs_cpu_sparse_calls;
 

@@ -34,8 +34,8 @@
 
 #include <new>
 
-#include "cuda_internal.h"
-#include "loader.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/loader.h"
 
 #define GS_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
 

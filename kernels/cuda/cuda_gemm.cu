@@ -51,7 +51,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "kernels/cuda/cuda_internal.h"
 
 /* Upper bound on one chunk of im2col rows, counted as fp32 (dcol). */
 #define GS_CUDA_COL_BYTES ((size_t)64 << 20)

@@ -24,7 +24,7 @@
 /* backend.h is C and has no extern "C" of its own: the dtype and window
  * helpers it declares are dtype.c's C symbols. */
 extern "C" {
-#include "backend.h"
+#include "kernels/backend.h"
 }
 
 /* Entries of an exec's matmul plan cache (open addressing, power of two). */

@@ -40,7 +40,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda_internal.h"
+#include "kernels/cuda/cuda_internal.h"
 
 /* ---- storage types ---- */
 

@@ -25,7 +25,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "alloc.h"
+#include "runtime/alloc.h"
 
 #define SLOTS 256
 #define MiB ((size_t)1 << 20)

@@ -22,10 +22,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc.h"
-#include "data.h"
-#include "gpushare.pb-c.h"
-#include "train.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
+#include "proto/gpushare.pb-c.h"
+#include "runtime/train.h"
 
 static double now_ns(void) {
   struct timespec ts;

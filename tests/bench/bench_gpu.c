@@ -20,8 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "loader.h"
+#include "kernels/backend.h"
+#include "kernels/loader.h"
 
 #define LAYERS 4
 #define PEAK_TFLOPS 990.0

@@ -16,8 +16,8 @@
 #include <cblas.h>
 #include <zlib.h>
 
-#include "backend.h"
-#include "cpu/cpu_internal.h" /* gs_cpu_sparse_calls: did the path run */
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_internal.h" /* gs_cpu_sparse_calls: did the path run */
 
 static double now_ms(void) {
   struct timespec ts;

@@ -42,9 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gpushare.pb-c.h"
-#include "gs_client.h"
-#include "gs_error.h"
+#include "proto/gpushare.pb-c.h"
+#include "client/client.h"
+#include "common/error.h"
 
 #define MAX_ROLES 16
 #define MAX_CLIENTS 4096

@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt: checkpoint bytes through daemon/train/ckpt.c's reader, what a
+ * fuzz_ckpt: checkpoint bytes through runtime/ckpt.c's reader, what a
  * restarted gpushared or executor runs on the files of its state directory
  * (gs_ckpt_load / gs_ckpt_load_mem).
  *
@@ -23,8 +23,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "ckpt.h"
-#include "fuzz_tmp.h"
+#include "runtime/ckpt.h"
+#include "tests/fuzz/fuzz_tmp.h"
 
 static char tmpdir[4096];
 

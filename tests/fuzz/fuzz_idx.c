@@ -1,5 +1,5 @@
 /*
- * fuzz_idx: an IDX images/labels pair through daemon/train/data.c, the
+ * fuzz_idx: an IDX images/labels pair through runtime/data.c, the
  * loader every job's uploaded dataset goes through.
  *
  * Input: byte 0 is the mode, bytes 1-2 (little-endian) the split point
@@ -23,8 +23,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
-#include "fuzz_tmp.h"
+#include "runtime/data.h"
+#include "tests/fuzz/fuzz_tmp.h"
 
 static char tmpdir[4096];
 

@@ -1,7 +1,7 @@
 /*
  * fuzz_jobspec: a packed gpushare.v1.JobSpec through the model builder
- * (daemon/train/model.c: gs_model_build, recipe validation and shape
- * inference) and the planner (daemon/plan.c: gs_plan_job, which walks
+ * (runtime/model.c: gs_model_build, recipe validation and shape
+ * inference) and the planner (runtime/plan.c: gs_plan_job, which walks
  * gs_train_buffers with the cpu backend's workspace queries; no tensor is
  * allocated). The same path serves gpushare-run --plan, `gpuctl plan` and
  * the daemon's submit.
@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "gpushare.pb-c.h"
-#include "model.h"
-#include "plan.h"
+#include "kernels/backend.h"
+#include "proto/gpushare.pb-c.h"
+#include "runtime/model.h"
+#include "runtime/plan.h"
 
 static void check_shape(const gs_shape *s, const gs_model *m) {
   if (s->rank != 1 && s->rank != 3) abort();

@@ -1,7 +1,7 @@
 /*
  * fuzz_request: one frame body as gpushared's dispatcher receives it.
  *
- * gs_rpc_handle (daemon/rpc.c) needs a live daemon: the peer's identity and
+ * gs_rpc_handle (control/rpc.c) needs a live daemon: the peer's identity and
  * every handler go to the store, and submit/plan/watch to the job table and
  * the executors. What it runs on the bytes before any of that is fuzzed
  * here, with the real functions:
@@ -11,10 +11,10 @@
  *  - the call's own checks that come before the store: gs_store_name_valid
  *    for the names of create_tenant, delete_tenant, set_quota, get_quota,
  *    create_vdev, delete_vdev, upload_dataset, remove_dataset and the vdev of
- *    plan/submit (daemon/store.c); for plan, gs_plan_job and the plan's text,
- *    JSON and message (daemon/plan.c); for submit, the name length check's
- *    input, gs_model_build (daemon/train/model.c), the dataset references
- *    through gs_datasets_resolve (daemon/datasets.c, which refuses anything
+ *    plan/submit (control/store.c); for plan, gs_plan_job and the plan's text,
+ *    JSON and message (runtime/plan.c); for submit, the name length check's
+ *    input, gs_model_build (runtime/model.c), the dataset references
+ *    through gs_datasets_resolve (control/datasets.c, which refuses anything
  *    that looks like a client path) against a real store opened in a
  *    temporary directory, and gs_plan_admit with the spec's auto_fit against
  *    a 256 MiB vdev, as gs_rpc_submit does;
@@ -28,14 +28,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "daemon.h"
-#include "datasets.h"
-#include "model.h"
-#include "plan.h"
-#include "store.h"
-#include "fuzz_tmp.h"
-#include "wire.h"
+#include "kernels/backend.h"
+#include "control/daemon.h"
+#include "control/datasets.h"
+#include "runtime/model.h"
+#include "runtime/plan.h"
+#include "control/store.h"
+#include "tests/fuzz/fuzz_tmp.h"
+#include "proto/wire.h"
 
 /* gpushared's main.c defines this for server.c's SIGHUP reload, which the
  * linker pulls in with datasets.c; nothing here reloads a configuration. */

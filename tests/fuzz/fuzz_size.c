@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "size.h"
+#include "common/size.h"
 
 static int parse(const char *s, uint64_t *v) {
   gs_err e;

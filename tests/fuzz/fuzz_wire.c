@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wire.h"
+#include "proto/wire.h"
 
 #define MAX_FRAMES 4096
 

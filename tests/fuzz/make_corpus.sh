@@ -3,7 +3,7 @@
 # (corpus/<target>/seed-*) from real inputs: the examples' JobSpecs and
 # requests encoded with protoc, small IDX files (raw and gzip), checkpoints
 # written by a real gpushare-run (the path of a built one, e.g.
-# build/daemon/train/gpushare-run) and size strings. Only the seed-* files
+# build/bin/gpushare-run) and size strings. Only the seed-* files
 # are rewritten; regression inputs (crash-*, regress-*) are kept.
 # Needs protoc and python3. The seeds are committed: CI does not run this.
 set -euo pipefail

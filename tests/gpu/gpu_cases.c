@@ -27,7 +27,7 @@
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
  */
-#include "gpu_cases.h"
+#include "tests/gpu/gpu_cases.h"
 
 #include <errno.h>
 #include <math.h>
@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader.h"
+#include "kernels/loader.h"
 
 /* ---- environment ---- */
 

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 typedef struct gs_gpu_env {
   gs_backend *cpu, *gpu; /* the reference and the backend under test */

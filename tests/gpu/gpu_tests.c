@@ -10,7 +10,7 @@
  *  - every case of gpu_cases.c (each op against the CPU op, in fp32, fp16
  *    and bf16, and the 50-step MLP loss trajectory; hand-built from the
  *    backend ops, not the training runtime, which needs protobuf-c);
- *  - two vdevs on one GPU through the vdev allocator (daemon/alloc.c), in
+ *  - two vdevs on one GPU through the vdev allocator (runtime/alloc.c), in
  *    two threads at once: job A allocates past its quota and must get
  *    -ENOMEM with cause GS_OOM_QUOTA, while job B trains the MLP to the end
  *    inside its own limit; neither allocator's peaks pass its limit.
@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "gpu_cases.h"
+#include "runtime/alloc.h"
+#include "tests/gpu/gpu_cases.h"
 
 static int passed, failed;
 

@@ -8,7 +8,7 @@
       With the daemon down: every file in STATE/datasets is a complete
       content-addressed blob (its sha256 is its name), every checkpoint under
       STATE/jobs/*/ is whole (the magic, the file length its header records,
-      the CRC-32 of daemon/train/ckpt.c's format) and every exported
+      the CRC-32 of runtime/ckpt.c's format) and every exported
       model.safetensors is whole (header, offsets up to the file's end).
       Prints "ckpt ID STEP PATH" for each checkpoint, "FAIL ..." for each
       problem, "note ..." for what is allowed but worth seeing.

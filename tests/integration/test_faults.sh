@@ -18,7 +18,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
 command -v sqlite3 >/dev/null || { echo "skip: the sqlite3 CLI is not installed"; exit 77; }
-RUN=${GS_BUILD_DIR:+$GS_BUILD_DIR/daemon/train/gpushare-run}
+RUN=${GS_BUILD_DIR:+$GS_BUILD_DIR/bin/gpushare-run}
 [ -x "${RUN:-}" ] || RUN=$(dirname "$GPUSHARED")/train/gpushare-run
 [ -x "$RUN" ] || { echo "skip: gpushare-run not found beside $GPUSHARED"; exit 77; }
 CHECK="$PY $HERE/faults_check.py"

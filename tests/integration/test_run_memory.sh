@@ -10,7 +10,7 @@
 set -u
 BUILD=${GS_BUILD_DIR:-$(cd "$(dirname "$0")/../../build" && pwd)}
 SRC=${GS_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-RUN=$BUILD/daemon/train/gpushare-run
+RUN=$BUILD/bin/gpushare-run
 PY=/usr/bin/python3
 PASSED=0
 FAILED=0

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 #ifdef FAKE_ABI
 __attribute__((visibility("default"))) const uint32_t gs_cuda_plugin_abi = FAKE_ABI;

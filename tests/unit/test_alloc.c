@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
+#include "runtime/alloc.h"
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)

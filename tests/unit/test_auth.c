@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "auth.h"
+#include "control/auth.h"
 
 static gs_peer peer(uint32_t uid, const uint32_t *gids, size_t n) {
   gs_peer p = {.uid = uid, .gid = n ? gids[0] : uid};

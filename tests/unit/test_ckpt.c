@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "ckpt.h"
+#include "runtime/ckpt.h"
 
 static char dir[64];
 static void mkdir_tmp(void) {

@@ -18,9 +18,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gs_client.h"
-#include "gs_sha256.h"
-#include "wire.h"
+#include "client/client.h"
+#include "common/sha256.h"
+#include "proto/wire.h"
 
 static void hex_of(const char *s, size_t n, char hex[65]) {
   gs_sha256 h;

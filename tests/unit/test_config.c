@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "control/config.h"
 
 static char tmpdir[64];
 static char cfgpath[128];

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "loader.h"
+#include "kernels/loader.h"
 
 /* The build tree's plugin, when CMake built one (kernels/CMakeLists.txt). */
 static const char *built_plugin(void) {

@@ -10,7 +10,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "gpu_cases.h"
+#include "tests/gpu/gpu_cases.h"
 
 static gs_gpu_env ENV;
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
+#include "runtime/data.h"
 
 #define FASHION "/usr/share/datasets/fashion-mnist"
 

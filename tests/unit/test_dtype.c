@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 static float fb(uint32_t x) {
   float f;

@@ -26,13 +26,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "executor.pb-c.h"
-#include "gpushare.pb-c.h"
-#include "wire.h"
-#ifdef GS_EXECUTOR_PLAN
-#include "backend.h"
-#include "plan.h"
-#endif
+#include "proto/executor.pb-c.h"
+#include "proto/gpushare.pb-c.h"
+#include "proto/wire.h"
+#include "kernels/backend.h"
+#include "runtime/plan.h"
 
 #ifndef GS_EXECUTOR_PATH
 #error "GS_EXECUTOR_PATH must name the built gpushare-executor"
@@ -417,7 +415,6 @@ Test(executor, an_oom_names_the_layer_and_spares_the_other_vdev, .timeout = 600)
   ex_close(&x);
 }
 
-#ifdef GS_EXECUTOR_PLAN
 /* A vdev 256 bytes short of the job's planned peak: the report says what
  * would fit, from the planner, and it does fit. */
 Test(executor, an_oom_report_says_what_would_fit, .timeout = 600) {
@@ -473,7 +470,6 @@ Test(executor, an_oom_report_says_what_would_fit, .timeout = 600) {
   }
   ex_close(&x);
 }
-#endif
 
 Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) {
   ex x;

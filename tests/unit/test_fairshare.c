@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fairshare.h"
+#include "executor/fairshare.h"
 
 #define MAX_GRANTS 200000
 

@@ -27,8 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "cpu/cpu_internal.h" /* the pool, for its placement test */
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_internal.h" /* the pool, for its placement test */
 
 /* ---- helpers ---- */
 

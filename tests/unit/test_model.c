@@ -1,5 +1,5 @@
 /*
- * test_model.c: JobSpec validation and shape inference (daemon/train/model.c).
+ * test_model.c: JobSpec validation and shape inference (runtime/model.c).
  *
  * Each shape error is checked for its field path and for a message that names
  * the layer and the shapes, since that sentence is what a tenant reads from
@@ -9,8 +9,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "model.h"
-#include "test_train_util.h"
+#include "runtime/model.h"
+#include "tests/unit/test_train_util.h"
 
 static gs_model m;
 static gs_err e;

@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "notify.h"
+#include "control/notify.h"
 
 static char tmpdir[64];
 static char sockpath[128];

@@ -1,5 +1,5 @@
 /*
- * test_plan.c: the memory planner (daemon/plan.c) against the allocator's
+ * test_plan.c: the memory planner (runtime/plan.c) against the allocator's
  * measurements, admission and auto-fit, the suggestions, the OOM report of
  * each cause and the memory timeline.
  *
@@ -19,10 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "data.h"
-#include "plan.h"
-#include "train.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
+#include "runtime/plan.h"
+#include "runtime/train.h"
 
 static gs_backend *B;
 static gs_err e;

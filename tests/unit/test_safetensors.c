@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "runtime/safetensors.h"
 
 static char dir[64];
 static void mkdir_tmp(void) {

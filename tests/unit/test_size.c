@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "size.h"
+#include "common/size.h"
 
 static uint64_t ok(const char *s) {
   uint64_t v = 12345;

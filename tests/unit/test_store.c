@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store.h"
+#include "control/store.h"
 
 static char dir[64];
 static gs_store *s;

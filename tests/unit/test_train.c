@@ -1,5 +1,5 @@
 /*
- * test_train.c: the training runtime (daemon/train/train.c) on the CPU
+ * test_train.c: the training runtime (runtime/train.c) on the CPU
  * backend and a real vdev allocator.
  *
  * What gpushare promises a tenant, checked end to end on small models:
@@ -17,11 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "data.h"
-#include "safetensors.h"
-#include "test_train_util.h"
-#include "train.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
+#include "runtime/safetensors.h"
+#include "tests/unit/test_train_util.h"
+#include "runtime/train.h"
 
 #define MAX_STEPS_REC 4096
 

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "gpushare.pb-c.h"
+#include "proto/gpushare.pb-c.h"
 
 #define TS_MAX_LAYERS 32
 

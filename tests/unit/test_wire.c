@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "wire.h"
+#include "proto/wire.h"
 
 /* Collects delivered frames (copied) for inspection. */
 typedef struct sink {

@@ -1,0 +1,764 @@
+/*
+ * server.c: the control socket (in the manner of OpenBSD's control.c).
+ *
+ * gs_server_listen binds the Unix socket, or adopts the one systemd passes
+ * (gpushared.socket, LISTEN_FDS). Binding sets the mode with umask around
+ * bind(2), not uv_pipe_chmod (which adds bits for everyone), then gives the
+ * socket to the configured group. A socket file left by a dead daemon is
+ * replaced; one that a live daemon still answers on is not.
+ *
+ * Accepting is done here (accept4 when a uv_poll_t says the socket is
+ * readable), not by uv_listen, so that it can pause: at max_connections
+ * (or fewer, when RLIMIT_NOFILE leaves less room beside the descriptors
+ * kept for the rest of the daemon), and when accept fails with EMFILE or
+ * ENFILE (retried each second). A paused daemon leaves new clients in the
+ * kernel's listen queue: their connect succeeds and they are served, in
+ * order, as connections close. libuv's own EMFILE answer would accept and
+ * drop them instead.
+ *
+ * Each accepted connection reads its peer's credentials once (auth.c),
+ * then feeds what it reads to an incremental frame decoder (wire.c), one
+ * frame at a time: a length prefix over max_frame closes that connection
+ * before anything is allocated for it; a body that is not a Request gets
+ * an INVALID_ARGUMENT answer and the connection goes on. A request is in
+ * flight from the moment its frame is decoded until its answer has been
+ * written to the socket (a watch: until its final event has); at
+ * max_inflight the connection stops reading, keeping the rest of what it
+ * read, and goes on when an answer goes out. A client that sends without
+ * reading its answers is thus held to max_inflight answers queued in the
+ * daemon, its further requests waiting in its own socket buffer. A
+ * connection with nothing in flight that sends nothing for idle_timeout_s
+ * is closed by a once-a-second sweep. Nothing here blocks: requests are
+ * short SQLite transactions on the loop thread.
+ *
+ * Draining (SIGTERM): stop accepting, stop reading, let queued responses
+ * flush, close every connection; the loop then runs out of handles and
+ * gs_server_run returns.
+ */
+#include "control/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control/auth.h"
+#include "control/datasets.h"
+#include "control/jobs.h"
+#include "control/log.h"
+#include "control/notify.h"
+#include "control/rpc.h"
+#include "proto/wire.h"
+
+typedef struct gs_conn conn;
+struct gs_conn {
+  uv_pipe_t pipe;        /* first: the handle's address is the conn's */
+  gs_server *srv;
+  gs_peer peer;          /* credentials read at accept */
+  gs_wire_decoder dec;   /* frames arrive in pieces */
+  uint64_t frames;       /* frames handled on this connection */
+  unsigned inflight;     /* requests read whose answer is not written yet; an open
+                            watch counts until its final event is written */
+  bool reading;          /* uv_read_start is in effect */
+  uint8_t *pend;         /* a read buffer not fed to the decoder yet: reading paused
+                            at max_inflight in the middle of it */
+  size_t pend_off, pend_len;
+  uint64_t last_active;  /* uv_now() when bytes last arrived or an answer went out */
+  bool closing;
+  conn *prev, *next;
+};
+
+enum { PAUSE_NONE, PAUSE_FULL, PAUSE_FDS }; /* why accepting is paused */
+
+struct gs_server {
+  gs_daemon *d;
+  int listen_fd;         /* the listening socket; -1 once closed */
+  uv_poll_t listener;    /* readable listen_fd: clients wait in the kernel's queue */
+  bool listening;        /* listener initialized and not closed */
+  bool accepting;        /* listener's poll started */
+  int paused;            /* PAUSE_*: why not */
+  uint64_t paused_at;    /* uv_now() of the pause */
+  uint64_t pause_logged; /* uv_now() of the last pause logged at warn (0: never) */
+  unsigned pauses_quiet; /* pauses since then not logged at warn */
+  unsigned conn_cap;     /* connections served at once: max_connections, or fewer when
+                            the descriptor limit leaves less room */
+  bool owns_path;        /* we bound it (and unlink it at exit) */
+  char path[108];
+  conn *conns;           /* every open connection */
+  size_t n_conns;
+  bool draining;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t drain_timer;
+  uv_timer_t retry_timer; /* accept again after EMFILE/ENFILE */
+  uv_timer_t idle_timer;  /* once a second: close the idle connections */
+};
+
+/* Descriptors kept for everything but client connections: the store, the
+ * executors' pipes, upload and checkpoint files, log and notify sockets. */
+#define GS_SERVER_FD_RESERVE 64
+#define GS_SERVER_ACCEPT_BATCH 32 /* accepts per wakeup, then the loop's other work */
+#define GS_SERVER_RETRY_MS 1000   /* after EMFILE/ENFILE, until a connection closes */
+#define GS_SERVER_PAUSE_LOG_MS 10000 /* at most one pause per this logged at warn */
+
+typedef struct write_req {
+  uv_write_t req;
+  conn *c;               /* alive until this completes: libuv runs write callbacks
+                            (UV_ECANCELED on close) before the close callback */
+  bool ends;             /* the last frame of a request: it leaves flight when written */
+  uint8_t *frame;
+} write_req;
+
+static void conn_feed(conn *c);
+static void accept_resume(gs_server *s);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+static void on_conn_closed(uv_handle_t *h) {
+  conn *c = (conn *)h;
+  gs_server *s = c->srv;
+  /* Streams and uploads of this connection end with it. */
+  gs_jobs_conn_closed(s->d, c);
+  gs_datasets_conn_closed(s->d, c);
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->n_conns--;
+  gs_wire_decoder_free(&c->dec);
+  free(c->pend);
+  free(c);
+  accept_resume(s);
+}
+
+static void conn_close(conn *c) {
+  if (c->closing) return;
+  c->closing = true;
+  c->reading = false;
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  conn *c = req->data;
+  free(req);
+  uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+/* Close once what is queued for writing has gone out (uv_close alone would
+ * cancel pending writes: a refusal or a last answer must reach the client). */
+static void conn_finish(conn *c) {
+  if (c->closing) return;
+  c->closing = true;
+  c->reading = false;
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  uv_shutdown_t *req = malloc(sizeof *req);
+  if (req) {
+    req->data = c;
+    if (uv_shutdown(req, (uv_stream_t *)&c->pipe, on_shutdown) == 0) return;
+    free(req);
+  }
+  uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+/* One request has its answer out: the idle clock restarts, and a
+ * connection paused at max_inflight may read again (not from inside
+ * conn_feed: `feed` is false there). */
+static void request_done(conn *c, bool feed) {
+  if (c->inflight) c->inflight--;
+  c->last_active = uv_now(c->srv->d->loop);
+  if (feed && !c->closing && !c->reading && !c->srv->draining) conn_feed(c);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  write_req *w = (write_req *)req;
+  conn *c = w->c;
+  bool ends = w->ends;
+  if (status < 0 && status != UV_ECANCELED)
+    gs_debug("write to a client failed: %s", uv_strerror(status));
+  free(w->frame);
+  free(w);
+  if (ends) request_done(c, true);
+}
+
+static int conn_send(conn *c, uint8_t *frame, size_t len, bool ends) {
+  write_req *w = malloc(sizeof *w);
+  if (!w) {
+    free(frame);
+    if (ends) request_done(c, false);
+    return -1;
+  }
+  w->c = c;
+  w->ends = ends;
+  w->frame = frame;
+  uv_buf_t buf = uv_buf_init((char *)frame, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written);
+  if (rc < 0) {
+    free(frame);
+    free(w);
+    if (ends) request_done(c, false);
+    return -1;
+  }
+  return 0;
+}
+
+int gs_conn_send_response(gs_conn *c, Gpushare__V1__Response *resp) {
+  if (c->closing) return -1;
+  /* Every streamed frame but a watch's non-final events ends its request. */
+  bool ends = !(resp->result_case == GPUSHARE__V1__RESPONSE__RESULT_WATCH && resp->watch &&
+                !(resp->watch->has_final && resp->watch->final));
+  uint8_t *frame;
+  size_t len;
+  if (gs_wire_frame(&resp->base, &frame, &len) < 0) {
+    if (ends) request_done(c, false);
+    return -1;
+  }
+  return conn_send(c, frame, len, ends);
+}
+
+static int on_frame(void *u, const uint8_t *body, size_t len) {
+  conn *c = u;
+  uint8_t *frame = NULL;
+  size_t flen = 0;
+  c->frames++;
+  c->inflight++;
+  if (gs_rpc_handle(c->srv->d, c, &c->peer, body, len, &frame, &flen) < 0) return -ENOMEM;
+  if (!frame) return 0; /* a stream: in flight until gs_conn_send_response sends its end */
+  return conn_send(c, frame, flen, true) < 0 ? -EIO : 0;
+}
+
+/* How many of the len bytes at p complete the decoder's next frame (all
+ * of them when they do not): feeding one frame at a time lets reading stop
+ * at max_inflight between two frames of one read. */
+static size_t frame_span(const gs_wire_decoder *d, const uint8_t *p, size_t len) {
+  uint32_t hl = d->hdr_len, need = d->need, have = d->have;
+  size_t off = 0;
+  if (hl < 4) {
+    uint8_t h[4];
+    memcpy(h, d->hdr, hl);
+    while (hl < 4 && off < len) h[hl++] = p[off++];
+    if (hl < 4) return len;
+    need = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    have = 0;
+  }
+  uint64_t end = off + (uint64_t)(need - have);
+  return end < len ? (size_t)end : len;
+}
+
+/* Feed what was read, frame by frame, while the connection is under
+ * max_inflight; over it, keep the rest and stop reading (backpressure: the
+ * client's writes then wait in the socket), and go on when an answer has
+ * gone out (request_done). */
+static void conn_feed(conn *c) {
+  gs_server *s = c->srv;
+  while (!c->closing) {
+    if (c->inflight >= s->d->cfg.max_inflight) {
+      if (c->reading) {
+        uv_read_stop((uv_stream_t *)&c->pipe);
+        c->reading = false;
+        gs_debug("uid %" PRIu32 " pid %d has %u requests in flight (max_inflight): reading "
+                 "paused until answers go out",
+                 c->peer.uid, (int)c->peer.pid, c->inflight);
+      }
+      return;
+    }
+    if (!c->pend) break;
+    size_t k = frame_span(&c->dec, c->pend + c->pend_off, c->pend_len - c->pend_off);
+    int rc = gs_wire_feed(&c->dec, c->pend + c->pend_off, k, on_frame, c);
+    c->pend_off += k;
+    if (c->pend_off == c->pend_len) {
+      free(c->pend);
+      c->pend = NULL;
+    }
+    if (rc == -EMSGSIZE) {
+      gs_warn("uid %" PRIu32 " pid %d sent a frame longer than %" PRIu64
+              " bytes (max_frame); connection closed",
+              c->peer.uid, (int)c->peer.pid, s->d->cfg.max_frame);
+      conn_close(c);
+      return;
+    }
+    if (rc < 0) {
+      gs_warn("connection of uid %" PRIu32 " closed: %s", c->peer.uid, strerror(-rc));
+      conn_close(c);
+      return;
+    }
+  }
+  if (!c->closing && !c->reading && !s->draining) {
+    c->reading = true;
+    if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) < 0) conn_close(c);
+  }
+}
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  /* A fixed read buffer per read; the decoder copies what it keeps. */
+  size_t n = suggested < 65536 ? 65536 : suggested;
+  buf->base = malloc(n);
+  buf->len = buf->base ? n : 0;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  conn *c = (conn *)st;
+  if (nread > 0 && !c->closing && !c->pend) {
+    c->last_active = uv_now(c->srv->d->loop);
+    c->pend = (uint8_t *)buf->base; /* conn_feed frees it once fed */
+    c->pend_off = 0;
+    c->pend_len = (size_t)nread;
+    conn_feed(c);
+    return;
+  }
+  if (nread < 0) {
+    /* UV_EOF or an error; nread == 0 is not end of file (EAGAIN). */
+    conn_close(c);
+  }
+  free(buf->base);
+}
+
+/* --------------------------------------------------------------- accept --- */
+
+/* How many connections the descriptor limit leaves room for, raising the
+ * soft RLIMIT_NOFILE toward the hard one when max_connections needs it:
+ * accepting pauses at the smaller of the two, before descriptors run out. */
+static void conn_budget(gs_server *s) {
+  unsigned want = s->d->cfg.max_connections;
+  struct rlimit rl;
+  s->conn_cap = want;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  rlim_t need = (rlim_t)want + GS_SERVER_FD_RESERVE;
+  if (rl.rlim_cur < need && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > rl.rlim_cur)) {
+    struct rlimit up = {rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max,
+                        rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl.rlim_cur = up.rlim_cur;
+  }
+  if (rl.rlim_cur >= need) return;
+  rlim_t room = rl.rlim_cur > 2 * GS_SERVER_FD_RESERVE ? rl.rlim_cur - GS_SERVER_FD_RESERVE
+                                                         : rl.rlim_cur / 2;
+  s->conn_cap = room > 0 ? (unsigned)room : 1;
+  gs_warn("max_connections is %u, but the descriptor limit (RLIMIT_NOFILE %llu, hard %llu) "
+          "leaves room for %u connections besides the %u descriptors kept for the rest; at most "
+          "%u are served at once (raise LimitNOFILE= to serve more)",
+          want, (unsigned long long)rl.rlim_cur,
+          rl.rlim_max == RLIM_INFINITY ? 0ull : (unsigned long long)rl.rlim_max, s->conn_cap,
+          GS_SERVER_FD_RESERVE, s->conn_cap);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events);
+static void on_retry_timer(uv_timer_t *t);
+
+/* Stop taking connections off the listening socket: clients that connect
+ * now wait in the kernel's queue (their connect succeeds) until
+ * accept_resume. Logged at warn once per pause, at most one in
+ * GS_SERVER_PAUSE_LOG_MS (a limit reached again and again is counted). */
+static void accept_pause(gs_server *s, int why, int err) {
+  if (s->accepting) {
+    uv_poll_stop(&s->listener);
+    s->accepting = false;
+  }
+  if (why == PAUSE_FDS) uv_timer_start(&s->retry_timer, on_retry_timer, GS_SERVER_RETRY_MS, 0);
+  if (s->paused == why) return;
+  uint64_t now = uv_now(s->d->loop);
+  bool loud = !s->pause_logged || now - s->pause_logged >= GS_SERVER_PAUSE_LOG_MS;
+  char more[64] = "";
+  if (loud && s->pauses_quiet)
+    snprintf(more, sizeof more, " (%u more pauses since the last message)", s->pauses_quiet);
+  if (why == PAUSE_FULL) {
+    if (loud)
+      gs_warn("%zu connections open (max_connections %u%s): accepting paused; new clients "
+              "wait in the listen queue until one closes%s",
+              s->n_conns, s->conn_cap, s->conn_cap < s->d->cfg.max_connections ?
+              ", lowered by the descriptor limit" : "", more);
+    else
+      gs_debug("%zu connections open: accepting paused", s->n_conns);
+  } else {
+    if (loud)
+      gs_warn("accept: %s with %zu connections open: accepting paused; retrying every %d ms "
+            "and when a connection closes%s",
+            strerror(err), s->n_conns, GS_SERVER_RETRY_MS, more);
+    else
+      gs_debug("accept: %s: accepting paused", strerror(err));
+  }
+  if (loud) {
+    s->pause_logged = now;
+    s->pauses_quiet = 0;
+  } else {
+    s->pauses_quiet++;
+  }
+  s->paused = why;
+  s->paused_at = now;
+}
+
+static void accept_resume(gs_server *s) {
+  if (s->draining || !s->listening || s->accepting || s->n_conns >= s->conn_cap) return;
+  if (s->paused) {
+    uv_timer_stop(&s->retry_timer);
+    gs_debug("accepting again after %" PRIu64 " ms: %zu connections open",
+             uv_now(s->d->loop) - s->paused_at, s->n_conns);
+    s->paused = PAUSE_NONE;
+  }
+  if (uv_poll_start(&s->listener, UV_READABLE, on_listen) == 0) s->accepting = true;
+}
+
+static void on_retry_timer(uv_timer_t *t) {
+  gs_server *s = t->data;
+  if (s->paused != PAUSE_FDS) return;
+  s->paused = PAUSE_NONE; /* on_listen pauses again if accept still fails */
+  accept_resume(s);
+}
+
+static void conn_open(gs_server *s, int fd) {
+  conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    gs_warn("out of memory for a connection; closing it");
+    close(fd);
+    return;
+  }
+  c->srv = s;
+  uv_pipe_init(s->d->loop, &c->pipe, 0);
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  s->conns = c;
+  s->n_conns++;
+  c->last_active = uv_now(s->d->loop);
+  gs_wire_decoder_init(&c->dec, (uint32_t)s->d->cfg.max_frame);
+  int rc = uv_pipe_open(&c->pipe, fd);
+  if (rc < 0) {
+    gs_warn("cannot serve an accepted connection: %s", uv_strerror(rc));
+    close(fd);
+    conn_close(c);
+    return;
+  }
+  gs_err e;
+  gs_err_clear(&e);
+  if (gs_auth_peer_from_fd(fd, &c->peer, &e) < 0) {
+    gs_warn("refusing a connection: %s", e.msg[0] ? e.msg : "no credentials");
+    conn_close(c);
+    return;
+  }
+  gs_debug("connection from uid %" PRIu32 " gid %" PRIu32 " pid %d (%zu open)", c->peer.uid,
+           c->peer.gid, (int)c->peer.pid, s->n_conns);
+  conn_feed(c); /* nothing read yet: starts reading */
+}
+
+static void on_listen(uv_poll_t *h, int status, int events) {
+  (void)events;
+  gs_server *s = h->data;
+  if (status < 0) {
+    gs_warn("listening socket: %s", uv_strerror(status));
+    return;
+  }
+  for (int i = 0; i < GS_SERVER_ACCEPT_BATCH && !s->draining; i++) {
+    if (s->n_conns >= s->conn_cap) {
+      accept_pause(s, PAUSE_FULL, 0);
+      return;
+    }
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        accept_pause(s, PAUSE_FDS, err);
+        return;
+      }
+      gs_warn("accept: %s", strerror(err));
+      return;
+    }
+    conn_open(s, fd);
+  }
+  if (s->n_conns >= s->conn_cap) accept_pause(s, PAUSE_FULL, 0);
+}
+
+/* Is something answering on path? (a live daemon: don't steal its socket) */
+static bool socket_alive(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  bool alive = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  close(fd);
+  return alive;
+}
+
+static int bind_path(gs_server *s, gs_err *e) {
+  const gs_config *cfg = &s->d->cfg;
+  struct stat st;
+  if (lstat(s->path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return gs_err_set(e, GS_FAILED_PRECONDITION, "socket_path",
+                        "%s exists and is not a socket; refusing to replace it", s->path);
+    if (socket_alive(s->path))
+      return gs_err_set(e, GS_ALREADY_EXISTS, "socket_path",
+                        "another gpushared is serving on %s", s->path);
+    gs_info("replacing stale socket %s", s->path);
+    unlink(s->path);
+  }
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(s->path) >= sizeof addr.sun_path)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "socket_path",
+                      "%s is %zu bytes long; a Unix socket path has at most %zu", s->path,
+                      strlen(s->path), sizeof addr.sun_path - 1);
+  memcpy(addr.sun_path, s->path, strlen(s->path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "socket_path", "cannot make a socket: %s",
+                      strerror(errno));
+  mode_t old = umask(~(mode_t)cfg->socket_mode & 0777);
+  int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+  int err = errno;
+  umask(old);
+  if (rc < 0) {
+    close(fd);
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "socket_path", "cannot bind %s: %s", s->path,
+                      strerror(err));
+  }
+  s->listen_fd = fd;
+  s->owns_path = true;
+  if (cfg->socket_group[0]) {
+    struct group *g = getgrnam(cfg->socket_group);
+    if (!g)
+      gs_warn("socket group %s does not exist; %s keeps gpushared's group", cfg->socket_group,
+              s->path);
+    else if (chown(s->path, (uid_t)-1, g->gr_gid) < 0)
+      gs_warn("cannot give %s to group %s: %s", s->path, cfg->socket_group, strerror(errno));
+  }
+  return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum);
+
+/* Close the connections with nothing in flight (no request unanswered, no
+ * watch streaming) and nothing read for idle_timeout_s; 0 turns it off. */
+static void on_idle_timer(uv_timer_t *t) {
+  gs_server *s = t->data;
+  unsigned idle = s->d->cfg.idle_timeout_s;
+  if (!idle || s->draining) return;
+  uint64_t now = uv_now(s->d->loop);
+  for (conn *c = s->conns; c; c = c->next) {
+    if (c->closing || c->inflight || now - c->last_active < (uint64_t)idle * 1000) continue;
+    /* Bytes waiting unread (the loop was held up, and timers run before
+     * reads): the client is not idle. */
+    uv_os_fd_t fd;
+    int unread = 0;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 && ioctl(fd, FIONREAD, &unread) == 0 &&
+        unread > 0)
+      continue;
+    gs_debug("closing the connection of uid %" PRIu32 " pid %d: idle for %u s (idle_timeout_s)",
+             c->peer.uid, (int)c->peer.pid, idle);
+    conn_finish(c);
+  }
+}
+
+int gs_server_listen(gs_daemon *d, gs_server **out, gs_err *e) {
+  gs_server *s = calloc(1, sizeof *s);
+  if (!s) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  s->d = d;
+  s->listen_fd = -1;
+  snprintf(s->path, sizeof s->path, "%s", d->cfg.socket_path);
+  int fd = gs_listen_fd();
+  if (fd >= 0) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      gs_err_set(e, GS_FAILED_PRECONDITION, "", "cannot use the socket systemd passed: %s",
+                 strerror(errno));
+      close(fd);
+      goto fail;
+    }
+    s->listen_fd = fd;
+    snprintf(s->path, sizeof s->path, "(socket activation)");
+    gs_info("using the listening socket passed by systemd");
+  } else if (bind_path(s, e) < 0) {
+    goto fail;
+  } else if (listen(s->listen_fd, SOMAXCONN) < 0) {
+    gs_err_set(e, GS_FAILED_PRECONDITION, "socket_path", "cannot listen on %s: %s", s->path,
+               strerror(errno));
+    goto fail;
+  }
+  /* Accepting is ours, not uv_listen's, so that it can pause (at
+   * max_connections, or out of descriptors) with clients left waiting in
+   * the kernel's queue rather than accepted and dropped. */
+  int rc = uv_poll_init(d->loop, &s->listener, s->listen_fd);
+  if (rc < 0) {
+    gs_err_set(e, GS_FAILED_PRECONDITION, "socket_path", "cannot poll %s: %s", s->path,
+               uv_strerror(rc));
+    goto fail;
+  }
+  s->listener.data = s;
+  s->listening = true;
+  uv_timer_init(d->loop, &s->retry_timer);
+  uv_timer_init(d->loop, &s->idle_timer);
+  s->retry_timer.data = s->idle_timer.data = s;
+  uv_unref((uv_handle_t *)&s->retry_timer);
+  uv_timer_start(&s->idle_timer, on_idle_timer, 1000, 1000);
+  uv_unref((uv_handle_t *)&s->idle_timer);
+  conn_budget(s);
+  accept_resume(s);
+  uv_signal_init(d->loop, &s->sig_term);
+  uv_signal_init(d->loop, &s->sig_int);
+  uv_signal_init(d->loop, &s->sig_hup);
+  s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+  uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+  uv_signal_start(&s->sig_int, on_signal, SIGINT);
+  uv_signal_start(&s->sig_hup, on_signal, SIGHUP);
+  uv_timer_init(d->loop, &s->drain_timer);
+  s->drain_timer.data = s;
+  *out = s;
+  d->server = s;
+  return 0;
+fail:
+  if (s->owns_path) unlink(s->path);
+  if (s->listen_fd >= 0) close(s->listen_fd);
+  free(s);
+  return -1;
+}
+
+const char *gs_server_path(const gs_server *s) { return s->path; }
+size_t gs_server_connections(const gs_server *s) { return s->n_conns; }
+
+static void on_drain_timeout(uv_timer_t *t) {
+  gs_server *s = t->data;
+  /* Responses still queued after the grace period: close anyway. */
+  for (conn *c = s->conns; c; c = c->next)
+    if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+/* Stop accepting for good: clients still in the listen queue see the
+ * socket close. */
+static void listener_close(gs_server *s) {
+  if (!s->listening) return;
+  uv_close((uv_handle_t *)&s->listener, NULL); /* stops the poll first */
+  s->listening = s->accepting = false;
+  close(s->listen_fd);
+  s->listen_fd = -1;
+}
+
+void gs_server_drain(gs_server *s) {
+  if (s->draining) return;
+  s->draining = true;
+  gs_notify("STOPPING=1\nSTATUS=draining connections");
+  gs_info("draining: %zu connection%s open", s->n_conns, s->n_conns == 1 ? "" : "s");
+  listener_close(s);
+  uv_close((uv_handle_t *)&s->retry_timer, NULL);
+  uv_close((uv_handle_t *)&s->idle_timer, NULL);
+  uv_close((uv_handle_t *)&s->sig_term, NULL);
+  uv_close((uv_handle_t *)&s->sig_int, NULL);
+  uv_close((uv_handle_t *)&s->sig_hup, NULL);
+  /* Stop reading; what is already queued for writing still goes out. */
+  for (conn *c = s->conns; c; c = c->next) conn_finish(c);
+  /* Executors checkpoint their running jobs and exit; the loop ends when
+   * they are gone. */
+  gs_jobs_shutdown(s->d);
+  uv_timer_start(&s->drain_timer, on_drain_timeout, 5000, 0);
+  uv_unref((uv_handle_t *)&s->drain_timer);
+}
+
+/* SIGHUP: read the configuration again, as a restart would: the file named
+ * with --config (which must still exist), else GS_CONFIG_DEFAULT_PATH, whose
+ * absence means every default, as at start (so an operator of the unit,
+ * which starts the daemon without --config, can create the file and reload).
+ * The live keys are applied; the others keep their running values and the
+ * log says a restart is needed for them.
+ *
+ * on_signal has told systemd RELOADING=1, and sd_notify(3) wants READY=1
+ * once the reload is over, whatever came of it: without it the unit stays
+ * "reloading" and `systemctl reload` waits. So every way out of here sends
+ * READY=1, with a STATUS= line saying what happened. */
+static void reload(gs_server *s) {
+  gs_daemon *d = s->d;
+  const char *path = d->config_named ? d->config_path : GS_CONFIG_DEFAULT_PATH;
+  gs_config neu;
+  gs_err e;
+  gs_err_clear(&e);
+  /* Re-read on top of the defaults, as at start, then keep the values the
+   * command line fixed (socket and state directory). A file that fails
+   * leaves neu untouched, at the defaults. */
+  gs_config_defaults(&neu);
+  bool missing = false;
+  if (gs_config_load(path, &neu, &e) < 0) {
+    if (d->config_named || e.code != GS_NOT_FOUND) {
+      gs_error("SIGHUP: %s: %s; keeping the running configuration", e.field, e.msg);
+      gs_notifyf("READY=1\nSTATUS=reload refused: %s: %s; running configuration kept", e.field,
+                 e.msg);
+      return;
+    }
+    missing = true;
+  }
+  bool had_file = d->config_path[0] != '\0';
+  snprintf(neu.socket_path, sizeof neu.socket_path, "%s", d->cfg.socket_path);
+  snprintf(neu.state_dir, sizeof neu.state_dir, "%s", d->cfg.state_dir);
+  char *restart = gs_config_restart_needed(&d->cfg, &neu);
+  if (restart) gs_warn("SIGHUP: %s changed; that needs a restart, keeping the running value", restart);
+  /* Apply the keys that can change live. */
+  snprintf(d->cfg.admin_group, sizeof d->cfg.admin_group, "%s", neu.admin_group);
+  snprintf(d->cfg.log_level, sizeof d->cfg.log_level, "%s", neu.log_level);
+  d->cfg.max_connections = neu.max_connections;
+  d->cfg.max_inflight = neu.max_inflight;
+  d->cfg.idle_timeout_s = neu.idle_timeout_s;
+  d->cfg.max_upload = neu.max_upload;
+  d->cfg.max_tenant_datasets = neu.max_tenant_datasets;
+  d->cfg.max_job_spec = neu.max_job_spec;
+  d->cfg.max_frame = neu.max_frame;
+  gs_log_set_level(d->cfg.log_level);
+  /* Limits on connections in force now: max_frame from each one's next
+   * frame (one being read was checked against the old value), accepting
+   * and reading resumed where a limit went up. */
+  conn_budget(s);
+  for (conn *c = s->conns; c; c = c->next) {
+    c->dec.max = (uint32_t)d->cfg.max_frame;
+    if (!c->closing && !c->reading && c->inflight < d->cfg.max_inflight) conn_feed(c);
+  }
+  accept_resume(s);
+  gs_daemon_resolve_admin(d);
+  char what[4200];
+  if (!missing) {
+    snprintf(what, sizeof what, "configuration reloaded from %s", path);
+    if (path != d->config_path) snprintf(d->config_path, sizeof d->config_path, "%s", path);
+  } else if (!had_file) {
+    snprintf(what, sizeof what, "no configuration file (%s does not exist); running on "
+             "defaults, nothing changed", path);
+  } else {
+    d->config_path[0] = '\0';
+    snprintf(what, sizeof what, "%s no longer exists; live settings back to their defaults",
+             path);
+  }
+  gs_info("SIGHUP: %s", what);
+  gs_notifyf("READY=1\nSTATUS=%s%s%s", what, restart ? "; restart needed for " : "",
+             restart ? restart : "");
+  free(restart);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  gs_server *s = h->data;
+  if (signum == SIGHUP) {
+    /* MONOTONIC_USEC lets a Type=notify-reload manager (systemd >= 253) tell
+     * this reload from an earlier one; older ones ignore it. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    gs_notifyf("RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=reloading the configuration",
+               (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
+    reload(s);
+    return;
+  }
+  gs_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  gs_server_drain(s);
+}
+
+void gs_server_free(gs_server *s) {
+  if (!s) return;
+  if (s->owns_path) unlink(s->path);
+  listener_close(s);
+  uv_handle_t *timers[] = {(uv_handle_t *)&s->drain_timer, (uv_handle_t *)&s->retry_timer,
+                           (uv_handle_t *)&s->idle_timer};
+  for (size_t i = 0; i < 3; i++)
+    if (!uv_is_closing(timers[i])) uv_close(timers[i], NULL);
+  uv_run(s->d->loop, UV_RUN_NOWAIT);
+  s->d->server = NULL;
+  free(s);
+}

@@ -1,0 +1,1454 @@
+/*
+ * executor.c: gpushare-executor, the process that runs one device's jobs.
+ *
+ * The control plane (gpushared) never runs a kernel nor touches device
+ * memory; for each physical device it starts one executor and speaks to it
+ * over a socketpair, in the framing of proto/wire.h, with the messages of
+ * proto/executor.proto (ToExecutor in, FromExecutor out). A fault in compute
+ * can then take down an executor, never the control plane, which restarts it
+ * and resumes its jobs from their checkpoints.
+ *
+ *   gpushare-executor --device cpu --fd 3 --state-dir DIR [--threads N]
+ *
+ * What lives here:
+ *  - the device: one backend (cpu; a GPU needs the CUDA loader), announced
+ *    with Ready{device, total_bytes} as soon as it is open;
+ *  - the vdevs (SetVdevs): one allocator each (alloc.h; PREALLOCATE reserves
+ *    the whole limit at once) and one fair-share slot (fairshare.h). A vdev
+ *    that is no longer listed, or whose limit or policy changed, keeps its
+ *    allocator until the last job in it has ended;
+ *  - the jobs (StartJob): each on its own thread, which loads the datasets,
+ *    creates the job with gs_train_create on the vdev's allocator and then
+ *    drives it one optimizer step at a time, each step between
+ *    gs_fairshare_acquire and gs_fairshare_release, so the device is shared
+ *    by compute_share and a cancel (an atomic flag) acts before the next
+ *    step (each step is charged the device time the backend's timer
+ *    measured: core-seconds of the job's own threads on the cpu device,
+ *    stream events on a GPU; see gs_train_last_device_seconds). Whatever the outcome, the job's memory goes
+ *    back to its vdev before Finished is sent, and a job's failure is a
+ *    Finished{FAILED}, never the executor's end.
+ *    Checkpoints are written where StartJob's checkpoint_path says (every
+ *    checkpoint_every_steps and at epoch ends); a job without one is only
+ *    checkpointed when a Shutdown interrupts it, to DIR/job-ID.ckpt, which is
+ *    also where resume looks for it;
+ *  - the main thread: reads frames (poll on the socket and on a self-pipe
+ *    that job threads and signals write to), dispatches them, joins the
+ *    threads of ended jobs and sends Stats about once a second while jobs
+ *    run, and after every change (vdevs set, job started or ended).
+ * Several threads write to the socket; each whole frame is written under one
+ * mutex, so frames never interleave.
+ *
+ * Shutdown (or SIGTERM): every job stops before its next step, writes a
+ * checkpoint and reports Finished{interrupted}; then the executor exits 0.
+ * End of file on the socket (the control plane is gone or gave up on this
+ * executor): jobs are cancelled without checkpoint, and it exits 0. The
+ * executor asks the kernel for SIGKILL when its parent dies, so a control
+ * plane killed with -9 does not leave it running.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/alloc.h"
+#include "kernels/backend.h"
+#include "runtime/data.h"
+#include "proto/executor.pb-c.h"
+#include "executor/fairshare.h"
+#include "proto/gpushare.pb-c.h"
+#include "common/error.h"
+#include "runtime/model.h"
+#include "common/size.h"
+#include "runtime/train.h"
+#include "proto/wire.h"
+/* executor.cmake defines these where the pieces are part of the build. */
+#include "kernels/loader.h" /* the CUDA plugin loader: gpuN devices */
+#include "runtime/plan.h" /* planned peaks and what would fit after an OOM */
+
+#define VDEV_NAME_MAX 64
+#define PROGRESS_INTERVAL 0.25 /* seconds between two Progress of one job: ~4/s */
+#define STATS_INTERVAL 1.0     /* seconds between two Stats while jobs run */
+#define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
+#define FAIRSHARE_SLICE 0.05   /* see fairshare.h: device time between two switches */
+#define OOM_SUGGESTIONS 4      /* what-would-fit lines in an OOM report */
+
+enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
+
+typedef struct vdev {
+  char name[VDEV_NAME_MAX];
+  uint64_t limit;          /* bytes the allocator may reserve */
+  gs_alloc_policy policy;
+  uint32_t share;          /* compute_share, percent */
+  gs_alloc *alloc;         /* NULL when PREALLOCATE could not reserve the limit */
+  int alloc_rc;            /* why alloc is NULL */
+  int slot;                /* fair-share slot */
+  uint32_t running;        /* jobs started here and not yet ended */
+  bool listed;             /* in the last SetVdevs */
+  bool pending;            /* new_limit/new_policy wait for running == 0 */
+  uint64_t new_limit;
+  gs_alloc_policy new_policy;
+  struct vdev *next;
+} vdev;
+
+typedef struct job {
+  uint64_t id;
+  vdev *v;                 /* held (v->running) until the job ends */
+  Gpushare__Exec__V1__ToExecutor *msg; /* the StartJob frame, owned */
+  const Gpushare__Exec__V1__StartJob *start; /* inside msg */
+  char ckpt[PATH_MAX];     /* checkpoint path (StartJob's, or under the state dir) */
+  bool ckpt_named;         /* StartJob named it: checkpoints as the job goes */
+  atomic_int cancel;       /* the runtime's flag: != 0 stops before the next step */
+  atomic_int stop;         /* STOP_CANCEL or STOP_INTERRUPT once asked to stop */
+  atomic_bool reported;    /* Finished is being sent: the job is over */
+  atomic_bool done;        /* Finished is sent: the main thread may join */
+  pthread_t th;
+  double last_progress;    /* monotonic time of the last Progress sent */
+  bool progress_sent;
+  Gpushare__V1__EpochMetrics *epochs; /* one per epoch end, for Finished */
+  size_t n_epochs, cap_epochs;
+  double device_seconds;   /* time on the device this run */
+  struct job *next;
+} job;
+
+static struct {
+  int fd;                        /* the control plane's socket */
+  pthread_mutex_t write_lock;    /* one whole frame at a time */
+  pthread_mutex_t lock;          /* vdevs and jobs lists */
+  gs_backend *b;
+  int device_index;
+  char device[32];
+  uint64_t total_bytes;
+  int threads;                   /* the device's thread budget */
+  char state_dir[PATH_MAX];
+  gs_fairshare *fs;
+  vdev *vdevs;
+  job *jobs;
+  int wake[2];                   /* self-pipe into the main loop */
+  bool stopping;                 /* Shutdown or EOF seen: no new jobs */
+  /* The device budget (--device-memory): the device backend wrapped so that
+   * the regions of all vdevs together stay within the bytes the control
+   * plane calls usable. Vdev limits are checked at admission; with
+   * memory_oversubscribe, GROWTH vdevs may add up to more, and a region
+   * past the budget is refused here as a full GPU refuses cudaMalloc: the
+   * job that asked fails with an OOM report of cause PHYSICAL. */
+  int crash_fd;                  /* STATE/executor-DEVICE.crash (see on_fatal) */
+  struct {                       /* GPUSHARE_EXECUTOR_FAILPOINT (see failpoint_parse) */
+    char job[128];               /* the job name it applies to; "" = none */
+    uint64_t calls;              /* crash in the job's dense_forward call number N */
+  } fp;
+  gs_backend table;              /* X.b's ops with the failpoint's wrapper */
+  gs_backend *inner_b;           /* what the wrapper calls */
+  struct {
+    gs_backend b;                /* first: X.b points here when capped */
+    gs_backend *inner;
+    uint64_t cap, used;          /* used guarded by lock */
+    pthread_mutex_t lock;
+  } budget;
+} X = {.fd = -1, .wake = {-1, -1}, .crash_fd = -1,
+       .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+/* The job whose thread this is (0 on the main thread), for on_fatal, and
+ * that thread's dense_forward calls, for the failpoint. */
+static __thread uint64_t tl_job_id;
+static __thread const char *tl_job_name;
+static __thread uint64_t tl_dense_calls;
+
+/* A fatal signal (a kernel that faults, an abort) ends the executor, but
+ * first says which job's thread it hit: the job id goes into
+ * STATE/executor-DEVICE.crash with write(2) only, async-signal-safe, and the
+ * control plane reads it when it sees the executor die (jobs.c on_died), so
+ * the job that crashed the device is the one charged with it and the
+ * others resume from their checkpoints uncharged. Then the default action
+ * runs (the core dump, the exit status the supervisor logs). */
+static void on_fatal(int sig) {
+  uint64_t id = tl_job_id;
+  if (X.crash_fd >= 0 && id) {
+    char buf[24];
+    int n = 0;
+    char rev[24];
+    do {
+      rev[n++] = (char)('0' + id % 10);
+      id /= 10;
+    } while (id && n < 20);
+    for (int i = 0; i < n; i++) buf[i] = rev[n - 1 - i];
+    buf[n++] = '\n';
+    ssize_t w = pwrite(X.crash_fd, buf, (size_t)n, 0);
+    (void)w;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* GPUSHARE_EXECUTOR_FAILPOINT=kernel-crash:JOB:N makes the N-th
+ * dense_forward call of every job named JOB raise SIGSEGV inside the op, as
+ * a faulting kernel would: the fault tests (tests/integration/
+ * test_executor_crash.sh) use it to prove that a crash in compute never
+ * takes the control plane down. Unset, nothing is wrapped. */
+static int failpoint_parse(const char *v) {
+  const char *p = v ? strchr(v, ':') : NULL;
+  const char *q = p ? strrchr(v, ':') : NULL;
+  if (!v || strncmp(v, "kernel-crash:", 13) || p == q || (size_t)(q - p - 1) >= sizeof X.fp.job)
+    return -1;
+  snprintf(X.fp.job, sizeof X.fp.job, "%.*s", (int)(q - p - 1), p + 1);
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(q + 1, &end, 10);
+  if (errno || *end || n == 0 || !X.fp.job[0]) return -1;
+  X.fp.calls = n;
+  return 0;
+}
+
+static int failpoint_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                                   const void *w, const void *b, uint32_t n, uint32_t c,
+                                   uint32_t oc, void *ws, bool relu) {
+  if (tl_job_name && !strcmp(tl_job_name, X.fp.job) && ++tl_dense_calls == X.fp.calls)
+    raise(SIGSEGV);
+  return X.inner_b->dense_forward(ex, dt, out, in, w, b, n, c, oc, ws, relu);
+}
+
+static int budget_reserve(gs_backend *b, int dev, size_t bytes, void **region) {
+  (void)b;
+  pthread_mutex_lock(&X.budget.lock);
+  int rc = -ENOMEM;
+  if (bytes <= X.budget.cap - X.budget.used) {
+    rc = X.budget.inner->region_reserve(X.budget.inner, dev, bytes, region);
+    if (rc == 0) X.budget.used += bytes;
+  }
+  pthread_mutex_unlock(&X.budget.lock);
+  return rc;
+}
+
+static void budget_release(gs_backend *b, int dev, void *region, size_t bytes) {
+  (void)b;
+  X.budget.inner->region_release(X.budget.inner, dev, region, bytes);
+  pthread_mutex_lock(&X.budget.lock);
+  X.budget.used -= bytes <= X.budget.used ? bytes : X.budget.used;
+  pthread_mutex_unlock(&X.budget.lock);
+}
+
+static volatile sig_atomic_t g_signal; /* SIGTERM/SIGINT seen */
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "gpushare-executor[%s]: %s\n", X.device[0] ? X.device : "-", buf);
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wake_main(void) {
+  char c = 1;
+  ssize_t n = write(X.wake[1], &c, 1); /* non-blocking: a full pipe is awake enough */
+  (void)n;
+}
+
+/* ---------------------------------------------------------------- output --- */
+
+static int send_msg(Gpushare__Exec__V1__FromExecutor *m) {
+  uint8_t *buf;
+  size_t len;
+  int rc = gs_wire_frame(&m->base, &buf, &len);
+  if (rc) {
+    logf_("cannot frame a message (%s)", strerror(-rc));
+    return rc;
+  }
+  pthread_mutex_lock(&X.write_lock);
+  rc = gs_wire_write_all(X.fd, buf, len);
+  pthread_mutex_unlock(&X.write_lock);
+  free(buf);
+  return rc; /* a gone peer is seen by the main loop as end of file */
+}
+
+static void send_ready(void) {
+  Gpushare__Exec__V1__Ready r = GPUSHARE__EXEC__V1__READY__INIT;
+  r.device = X.device;
+  r.has_total_bytes = true;
+  r.total_bytes = X.total_bytes;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_READY;
+  m.ready = &r;
+  send_msg(&m);
+}
+
+/* Stats of every vdev that is listed or still has jobs. */
+static void send_stats(void) {
+  pthread_mutex_lock(&X.lock);
+  size_t n = 0;
+  for (vdev *v = X.vdevs; v; v = v->next) n++;
+  Gpushare__Exec__V1__VdevStats *vs = calloc(n ? n : 1, sizeof *vs);
+  Gpushare__Exec__V1__VdevStats **pv = calloc(n ? n : 1, sizeof *pv);
+  if (!vs || !pv) {
+    pthread_mutex_unlock(&X.lock);
+    free(vs);
+    free(pv);
+    return;
+  }
+  size_t i = 0;
+  for (vdev *v = X.vdevs; v; v = v->next, i++) {
+    Gpushare__Exec__V1__VdevStats init = GPUSHARE__EXEC__V1__VDEV_STATS__INIT;
+    vs[i] = init;
+    vs[i].name = v->name;
+    gs_alloc_stats st = {0};
+    if (v->alloc) gs_alloc_stats_get(v->alloc, &st);
+    gs_fairshare_stats fst = {0};
+    gs_fairshare_stats_get(X.fs, v->slot, &fst);
+    vs[i].has_in_use = vs[i].has_reserved = vs[i].has_peak_in_use = true;
+    vs[i].in_use = st.in_use;
+    vs[i].reserved = st.reserved;
+    vs[i].peak_in_use = st.peak_in_use;
+    vs[i].has_device_seconds = vs[i].has_steps = vs[i].has_running_jobs = true;
+    vs[i].device_seconds = fst.device_seconds;
+    vs[i].steps = fst.steps;
+    vs[i].running_jobs = v->running;
+    pv[i] = &vs[i];
+  }
+  Gpushare__Exec__V1__Stats s = GPUSHARE__EXEC__V1__STATS__INIT;
+  s.n_vdev = n;
+  s.vdev = pv;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_STATS;
+  m.stats = &s;
+  /* Framed under X.lock (the names live in the vdevs), written after. */
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = gs_wire_frame(&m.base, &buf, &len);
+  pthread_mutex_unlock(&X.lock);
+  free(vs);
+  free(pv);
+  if (rc) return;
+  pthread_mutex_lock(&X.write_lock);
+  gs_wire_write_all(X.fd, buf, len);
+  pthread_mutex_unlock(&X.write_lock);
+  free(buf);
+}
+
+static void err_text(const gs_err *e, char *out, size_t len) {
+  if (e->field[0])
+    snprintf(out, len, "%s: %s", e->field, e->msg);
+  else
+    snprintf(out, len, "%s", e->msg[0] ? e->msg : "unknown error");
+}
+
+/* A Finished for a job that never got a thread (refused at StartJob). */
+static void send_refusal(uint64_t id, bool interrupted, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void send_refusal(uint64_t id, bool interrupted, const char *fmt, ...) {
+  char reason[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  logf_("job %" PRIu64 ": %s", id, reason);
+  Gpushare__Exec__V1__Finished f = GPUSHARE__EXEC__V1__FINISHED__INIT;
+  f.has_job_id = true;
+  f.job_id = id;
+  f.has_state = true;
+  f.state = interrupted ? GPUSHARE__V1__JOB_STATE__CANCELLED : GPUSHARE__V1__JOB_STATE__FAILED;
+  f.reason = reason;
+  f.has_interrupted = interrupted;
+  f.interrupted = interrupted;
+  f.has_steps = true;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED;
+  m.finished = &f;
+  send_msg(&m);
+}
+
+/* ----------------------------------------------------------------- vdevs --- */
+
+static vdev *vdev_find(const char *name) {
+  for (vdev *v = X.vdevs; v; v = v->next)
+    if (!strcmp(v->name, name)) return v;
+  return NULL;
+}
+
+static void vdev_make_alloc(vdev *v) {
+  char sz[32];
+  v->alloc = NULL;
+  v->alloc_rc = gs_alloc_create(X.b, X.device_index, v->limit, v->policy, &v->alloc);
+  if (v->alloc_rc)
+    logf_("vdev %s: cannot %s its %s limit on %s: %s", v->name,
+          v->policy == GS_POLICY_PREALLOCATE ? "reserve" : "set up",
+          gs_size_format(v->limit, sz, sizeof sz), X.device, strerror(-v->alloc_rc));
+}
+
+/* Unlink and free a vdev with no job (X.lock held). */
+static void vdev_destroy(vdev *v) {
+  for (vdev **pp = &X.vdevs; *pp; pp = &(*pp)->next)
+    if (*pp == v) {
+      *pp = v->next;
+      break;
+    }
+  gs_alloc_destroy(v->alloc);
+  gs_fairshare_remove(X.fs, v->slot);
+  free(v);
+}
+
+/* The last job of v ended (X.lock held): give GROWTH regions back, and apply
+ * what SetVdevs decided while jobs ran. */
+static void vdev_idle(vdev *v) {
+  if (!v->listed) {
+    vdev_destroy(v);
+    return;
+  }
+  if (v->pending) {
+    gs_alloc_destroy(v->alloc);
+    v->limit = v->new_limit;
+    v->policy = v->new_policy;
+    v->pending = false;
+    vdev_make_alloc(v);
+  } else if (v->alloc) {
+    gs_alloc_trim(v->alloc);
+  }
+}
+
+static void on_set_vdevs(const Gpushare__Exec__V1__SetVdevs *sv) {
+  pthread_mutex_lock(&X.lock);
+  for (vdev *v = X.vdevs; v; v = v->next) v->listed = false;
+  for (size_t i = 0; i < sv->n_vdev; i++) {
+    const Gpushare__Exec__V1__VdevConfig *c = sv->vdev[i];
+    if (!c->name || !c->name[0] || strlen(c->name) >= VDEV_NAME_MAX) {
+      logf_("SetVdevs: vdev[%zu] has %s name; ignored", i,
+            !c->name || !c->name[0] ? "an empty" : "a too long (64 bytes or more)");
+      continue;
+    }
+    if (!c->has_memory_limit || c->memory_limit == 0) {
+      logf_("SetVdevs: vdev %s has no memory_limit; ignored", c->name);
+      continue;
+    }
+    gs_alloc_policy pol =
+        c->has_policy && c->policy == GPUSHARE__V1__POLICY__GROWTH ? GS_POLICY_GROWTH
+                                                                    : GS_POLICY_PREALLOCATE;
+    uint32_t share = c->has_compute_share ? c->compute_share : 100;
+    vdev *v = vdev_find(c->name);
+    if (v) {
+      v->listed = true;
+      v->share = share;
+      gs_fairshare_set_share(X.fs, v->slot, share);
+      bool changed = c->memory_limit != v->limit || pol != v->policy;
+      if (v->running) {
+        /* The running jobs keep the allocator they were created on. */
+        v->pending = changed;
+        v->new_limit = c->memory_limit;
+        v->new_policy = pol;
+      } else if (changed || !v->alloc) { /* a failed PREALLOCATE is retried */
+        gs_alloc_destroy(v->alloc);
+        v->limit = c->memory_limit;
+        v->policy = pol;
+        v->pending = false;
+        vdev_make_alloc(v);
+      }
+      continue;
+    }
+    v = calloc(1, sizeof *v);
+    if (!v) {
+      logf_("SetVdevs: out of host memory for vdev %s", c->name);
+      continue;
+    }
+    snprintf(v->name, sizeof v->name, "%s", c->name);
+    v->limit = c->memory_limit;
+    v->policy = pol;
+    v->share = share;
+    v->listed = true;
+    if (gs_fairshare_add(X.fs, share, &v->slot)) {
+      logf_("SetVdevs: out of host memory for vdev %s", c->name);
+      free(v);
+      continue;
+    }
+    vdev_make_alloc(v);
+    v->next = X.vdevs;
+    X.vdevs = v;
+  }
+  /* Vdevs no longer listed go now, or when their last job ends. */
+  for (vdev *v = X.vdevs, *next; v; v = next) {
+    next = v->next;
+    if (!v->listed && !v->running) vdev_destroy(v);
+  }
+  pthread_mutex_unlock(&X.lock);
+  send_stats();
+}
+
+/* ------------------------------------------------------------------ jobs --- */
+
+static int load_one(const Gpushare__V1__Dataset *d, const char *which, const char *images,
+                    const char *labels, const Gpushare__V1__JobSpec *spec, gs_dataset *out,
+                    gs_err *e) {
+  int rc;
+  if (d->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC) {
+    const Gpushare__V1__InputShape *in = spec->model ? spec->model->input : NULL;
+    if (!in) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                 "a synthetic dataset takes its image shape from model.input, which is missing");
+      return -EINVAL;
+    }
+    rc = gs_dataset_synthetic(d->synthetic->examples, in->height, in->width, in->channels,
+                              d->synthetic->classes, d->synthetic->seed, out, e);
+    if (rc) {
+      gs_err_prefix(e, "synthetic");
+      gs_err_prefix(e, which);
+    }
+    return rc;
+  }
+  if (!images || !images[0] || !labels || !labels[0]) {
+    gs_err_set(e, GS_FAILED_PRECONDITION, which,
+               "the %s dataset is stored IDX data, but StartJob gave no %s_images and "
+               "%s_labels paths to read it from",
+               which, which, which);
+    return -EINVAL;
+  }
+  rc = gs_dataset_load_idx(images, labels, out, e);
+  if (rc) gs_err_prefix(e, which);
+  return rc;
+}
+
+/* The train set, and the test set when there is one (*has_test). Two
+ * synthetic sets of one seed are one task: drawn together, then split (as
+ * gpushare-run does), so the test examples are unseen ones of the same task. */
+static int load_sets(const job *j, gs_dataset *train, gs_dataset *test, bool *has_test,
+                     gs_err *e) {
+  const Gpushare__Exec__V1__StartJob *s = j->start;
+  const Gpushare__V1__JobSpec *spec = s->spec;
+  const Gpushare__V1__Dataset *tr = spec->train, *te = spec->test;
+  *has_test = false;
+  if (!tr || tr->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "train", "the job has no train dataset");
+    return -EINVAL;
+  }
+  if (te && tr->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
+      te->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
+      tr->synthetic->seed == te->synthetic->seed &&
+      tr->synthetic->classes == te->synthetic->classes && tr->synthetic->examples > 0 &&
+      te->synthetic->examples > 0) {
+    Gpushare__V1__SyntheticDataset both = *tr->synthetic;
+    both.examples = tr->synthetic->examples + te->synthetic->examples;
+    Gpushare__V1__Dataset d = *tr;
+    d.synthetic = &both;
+    gs_dataset all = {0};
+    int rc = load_one(&d, "train", NULL, NULL, spec, &all, e);
+    if (!rc) rc = gs_dataset_slice(&all, 0, tr->synthetic->examples, train, e);
+    if (!rc)
+      rc = gs_dataset_slice(&all, tr->synthetic->examples, te->synthetic->examples, test, e);
+    gs_dataset_free(&all);
+    if (rc) return rc;
+    *has_test = true;
+    return 0;
+  }
+  int rc = load_one(tr, "train", s->train_images, s->train_labels, spec, train, e);
+  if (rc) return rc;
+  if (!te || te->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) return 0;
+  if (te->source_case != GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
+      (!s->test_images || !s->test_images[0]))
+    return 0; /* StartJob's empty test paths: no test set */
+  if ((rc = load_one(te, "test", s->test_images, s->test_labels, spec, test, e))) return rc;
+  *has_test = true;
+  return 0;
+}
+
+static void on_step(void *user, const gs_train_progress *p) {
+  job *j = user;
+  double now = mono_s();
+  bool last = p->step == p->total_steps;
+  if (j->progress_sent && now - j->last_progress < PROGRESS_INTERVAL && !last) return;
+  j->progress_sent = true;
+  j->last_progress = now;
+  Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
+  ev.has_job_id = ev.has_time_unix_ms = ev.has_state = true;
+  ev.job_id = j->id;
+  ev.time_unix_ms = unix_ms();
+  ev.state = GPUSHARE__V1__JOB_STATE__RUNNING;
+  ev.has_epoch = ev.has_step = ev.has_total_steps = true;
+  ev.epoch = p->epoch;
+  ev.step = p->step;
+  ev.total_steps = p->total_steps;
+  ev.has_loss = ev.has_samples_per_second = true;
+  ev.loss = p->loss;
+  ev.samples_per_second = p->samples_per_second;
+  ev.has_memory_in_use = ev.has_memory_limit = ev.has_loss_scale = true;
+  ev.memory_in_use = p->memory_in_use;
+  ev.memory_limit = j->v->limit;
+  ev.loss_scale = p->loss_scale;
+  Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
+  pr.has_job_id = true;
+  pr.job_id = j->id;
+  pr.event = &ev;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
+  m.progress = &pr;
+  send_msg(&m);
+}
+
+static void on_epoch(void *user, const gs_train_epoch *e) {
+  job *j = user;
+  Gpushare__V1__EpochMetrics em = GPUSHARE__V1__EPOCH_METRICS__INIT;
+  em.has_epoch = em.has_train_loss = em.has_test_loss = em.has_test_accuracy = true;
+  em.epoch = e->epoch;
+  em.train_loss = e->train_loss;
+  em.test_loss = e->test_loss;
+  em.test_accuracy = e->test_accuracy;
+  em.has_samples_per_second = em.has_peak_memory_bytes = true;
+  em.samples_per_second = e->samples_per_second;
+  em.peak_memory_bytes = e->peak_memory_bytes;
+  em.has_loss_scale = em.has_skipped_steps = true;
+  em.loss_scale = e->loss_scale;
+  em.skipped_steps = e->skipped_steps;
+  if (j->n_epochs == j->cap_epochs) {
+    size_t cap = j->cap_epochs ? 2 * j->cap_epochs : 8;
+    Gpushare__V1__EpochMetrics *g = realloc(j->epochs, cap * sizeof *g);
+    if (g) {
+      j->epochs = g;
+      j->cap_epochs = cap;
+    }
+  }
+  if (j->n_epochs < j->cap_epochs) j->epochs[j->n_epochs++] = em;
+
+  Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
+  ev.has_job_id = ev.has_time_unix_ms = ev.has_state = true;
+  ev.job_id = j->id;
+  ev.time_unix_ms = unix_ms();
+  ev.state = GPUSHARE__V1__JOB_STATE__RUNNING;
+  ev.has_epoch = ev.has_step = true;
+  ev.epoch = e->epoch;
+  ev.step = e->step;
+  ev.has_loss = ev.has_accuracy = true;
+  ev.loss = e->train_loss;
+  ev.accuracy = e->test_accuracy;
+  ev.has_samples_per_second = ev.has_loss_scale = true;
+  ev.samples_per_second = e->samples_per_second;
+  ev.loss_scale = e->loss_scale;
+  ev.has_memory_limit = true;
+  ev.memory_limit = j->v->limit;
+  ev.epoch_end = &em;
+  Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
+  pr.has_job_id = true;
+  pr.job_id = j->id;
+  pr.event = &ev;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
+  m.progress = &pr;
+  send_msg(&m);
+}
+
+static const char *cause_name(gs_oom_cause c) {
+  switch (c) {
+  case GS_OOM_PHYSICAL: return "PHYSICAL";
+  case GS_OOM_FRAGMENTATION: return "FRAGMENTATION";
+  default: return "QUOTA";
+  }
+}
+
+/* What an OOM report needs besides the failure: the sentence, and what
+ * would fit (the planner's suggestions), with the storage they point into. */
+typedef struct oom_text {
+  char explanation[1024];
+  Gpushare__V1__OomSuggestion sug[OOM_SUGGESTIONS], *psug[OOM_SUGGESTIONS];
+  char what[OOM_SUGGESTIONS][256];
+} oom_text;
+
+/* The planner's suggestions for the job against `budget` bytes. */
+static void oom_suggest(const Gpushare__V1__JobSpec *spec, uint64_t budget,
+                        Gpushare__V1__OomReport *o, oom_text *x) {
+  gs_plan_suggestion sg[OOM_SUGGESTIONS];
+  size_t n = 0;
+  gs_err e;
+  gs_err_clear(&e);
+  if (!budget || gs_plan_suggest(spec, X.b, budget, sg, OOM_SUGGESTIONS, &n, &e)) return;
+  for (size_t i = 0; i < n && i < OOM_SUGGESTIONS; i++) {
+    Gpushare__V1__OomSuggestion init = GPUSHARE__V1__OOM_SUGGESTION__INIT;
+    Gpushare__V1__OomSuggestion *s = &x->sug[i];
+    *s = init;
+    snprintf(x->what[i], sizeof x->what[i], "%s", sg[i].what);
+    s->what = x->what[i];
+    s->has_micro_batch = s->has_accumulation_steps = s->has_precision = true;
+    s->micro_batch = sg[i].micro_batch;
+    s->accumulation_steps = sg[i].accumulation_steps;
+    s->precision = (Gpushare__V1__Precision)sg[i].precision;
+    s->has_predicted_peak_bytes = s->has_saving_bytes = true;
+    s->predicted_peak_bytes = sg[i].predicted_peak_bytes;
+    s->saving_bytes = sg[i].saving_bytes;
+    x->psug[i] = s;
+    o->n_suggestion = i + 1;
+  }
+  o->suggestion = x->psug;
+}
+
+/* The OomReport of an allocation that failed at create, with a sentence an
+ * ML engineer reads at a glance and, where the planner is built in, what
+ * would fit: against the limit (QUOTA), the bytes the vdev did get from the
+ * device (PHYSICAL), the largest free block (FRAGMENTATION). Strings point
+ * into f, v and x. */
+static void oom_report(const Gpushare__V1__JobSpec *spec, const gs_train_failure *f,
+                       const vdev *v, Gpushare__V1__OomReport *o, oom_text *x) {
+  char *explanation = x->explanation;
+  size_t len = sizeof x->explanation;
+  uint64_t budget = f->why.stats.limit;
+  const gs_alloc_stats *st = &f->why.stats;
+  char lim[32], use[32], need[32], res[32], big[32], tot[32];
+  gs_size_format(st->limit, lim, sizeof lim);
+  gs_size_format(st->in_use, use, sizeof use);
+  gs_size_format(f->bytes, need, sizeof need);
+  gs_size_format(st->reserved, res, sizeof res);
+  gs_size_format(st->largest_free, big, sizeof big);
+  gs_size_format(st->total_free, tot, sizeof tot);
+  const char *role = gs_role_name(f->role);
+  const char *dt = gs_dtype_name(f->dtype);
+  switch (f->why.cause) {
+  case GS_OOM_PHYSICAL: {
+    budget = st->reserved;
+    char rest[256] = "the rest of the device is held by other vdevs or programs";
+    if (X.budget.cap) { /* the device budget says who holds what */
+      pthread_mutex_lock(&X.budget.lock);
+      uint64_t used = X.budget.used, cap = X.budget.cap;
+      pthread_mutex_unlock(&X.budget.lock);
+      uint64_t others = used > st->reserved ? used - st->reserved : 0;
+      char u[32], o[32];
+      gs_size_format(cap, u, sizeof u);
+      gs_size_format(others, o, sizeof o);
+      snprintf(rest, sizeof rest,
+               "the device's %s usable are oversubscribed (memory_oversubscribe): the other "
+               "vdevs' jobs hold %s of it; this job fits once they have ended",
+               u, o);
+    }
+    snprintf(explanation, len,
+             "the %s device has no memory left for vdev %s: it holds %s of its %s limit "
+             "(%s in use) and could not reserve more for %s's %s %s %s %s (%s); %s",
+             X.device, v->name, res, lim, use, f->layer, role, f->tensor, f->shape, dt, need,
+             rest);
+    break;
+  }
+  case GS_OOM_FRAGMENTATION:
+    budget = st->largest_free;
+    snprintf(explanation, len,
+             "vdev %s has %s free but in pieces: its largest free block is %s "
+             "(fragmentation %.0f%%), and %s's %s %s %s %s need %s in one block",
+             v->name, tot, big, st->fragmentation * 100.0, f->layer, role, f->tensor,
+             f->shape, dt, need);
+    break;
+  default: {
+    int n = snprintf(explanation, len,
+                     "vdev %s's %s limit is reached: %s are in use and %s's %s %s %s %s need "
+                     "%s more",
+                     v->name, lim, use, f->layer, role, f->tensor, f->shape, dt, need);
+    if (n > 0 && (size_t)n < len && f->bytes > st->limit)
+      snprintf(explanation + n, len - (size_t)n,
+               "; that one tensor is larger than the whole limit");
+    break;
+  }
+  }
+  o->layer = (char *)f->layer;
+  o->role = (char *)role;
+  o->shape = (char *)f->shape;
+  o->dtype = (char *)dt;
+  o->has_bytes = true;
+  o->bytes = f->bytes;
+  o->vdev = (char *)v->name;
+  o->has_limit_bytes = o->has_in_use_bytes = o->has_reserved_bytes = true;
+  o->limit_bytes = st->limit;
+  o->in_use_bytes = st->in_use;
+  o->reserved_bytes = st->reserved;
+  o->has_largest_free_bytes = o->has_fragmentation = o->has_cause = true;
+  o->largest_free_bytes = st->largest_free;
+  o->fragmentation = (float)st->fragmentation;
+  o->cause = (Gpushare__V1__OomCause)f->why.cause;
+  o->explanation = explanation;
+  oom_suggest(spec, budget, o, x);
+  logf_("vdev %s: OOM (%s): %s", v->name, cause_name(f->why.cause), explanation);
+}
+
+static bool file_exists(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0;
+}
+
+/* One job, start to end, on its own thread. */
+static void *job_main(void *arg) {
+  job *j = arg;
+  const Gpushare__Exec__V1__StartJob *s = j->start;
+  tl_job_id = j->id;
+  tl_job_name = s->spec && s->spec->name ? s->spec->name : "";
+  vdev *v = j->v;
+  gs_err e;
+  gs_err_clear(&e);
+  gs_dataset train = {0}, test = {0};
+  bool has_test = false;
+  gs_train *t = NULL;
+  gs_train_failure fail;
+  memset(&fail, 0, sizeof fail);
+  bool done = false;
+  char reason[1024] = "";
+  oom_text oom_x;
+  Gpushare__V1__OomReport oom = GPUSHARE__V1__OOM_REPORT__INIT;
+  Gpushare__V1__MemoryTimeline *tl = NULL;
+  uint64_t planned_peak = 0;
+  bool have_oom = false;
+  gs_train_result res;
+  memset(&res, 0, sizeof res);
+  Gpushare__V1__JobState state = GPUSHARE__V1__JOB_STATE__FAILED;
+  bool interrupted = false;
+
+  if (load_sets(j, &train, &test, &has_test, &e)) {
+    err_text(&e, reason, sizeof reason);
+    goto report;
+  }
+  if (atomic_load(&j->stop)) goto report;
+  {
+    /* The planner's peak, reported beside the measured one (DESIGN 5). */
+    gs_plan plan;
+    gs_err pe;
+    gs_err_clear(&pe);
+    if (gs_plan_job(s->spec, X.b, &plan, &pe) == 0) {
+      planned_peak = plan.peak_bytes;
+      gs_plan_free(&plan);
+    }
+  }
+  gs_train_options opt = {0};
+  opt.threads = X.threads;
+  if (s->has_threads && s->threads > 0 && (int)s->threads < X.threads)
+    opt.threads = (int)s->threads;
+  opt.on_step = on_step;
+  opt.on_epoch = on_epoch;
+  opt.user = j;
+  opt.cancel = &j->cancel;
+  /* Periodic checkpoints where the control plane asked for them; a
+   * Shutdown checkpoints every job (to the state directory if unnamed). */
+  opt.checkpoint_path = j->ckpt_named ? j->ckpt : NULL;
+  if (s->has_resume && s->resume) {
+    if (file_exists(j->ckpt))
+      opt.resume_path = j->ckpt;
+    else
+      logf_("job %" PRIu64 ": no checkpoint at %s yet; starting from the beginning", j->id,
+            j->ckpt);
+  }
+  pthread_mutex_lock(&X.lock);
+  /* Alone in its vdev: the peak it reports is its own, not an earlier job's. */
+  if (v->running == 1) gs_alloc_reset_peak(v->alloc);
+  pthread_mutex_unlock(&X.lock);
+  if (gs_train_create(s->spec, X.b, v->alloc, &train, has_test ? &test : NULL, &opt, &t, &fail,
+                      &e)) {
+    err_text(&e, reason, sizeof reason);
+    if (fail.oom) {
+      oom_report(s->spec, &fail, v, &oom, &oom_x);
+      have_oom = true;
+    }
+    goto report;
+  }
+  if (opt.resume_path) {
+    gs_train_result r0;
+    gs_train_result_get(t, &r0);
+    logf_("job %" PRIu64 ": resumed from step %" PRIu64 " (checkpoint %s)", j->id, r0.steps,
+          opt.resume_path);
+  }
+  gs_fairshare_join(X.fs, v->slot);
+  send_stats(); /* a job started: its memory is in use now */
+
+  int rc = 0;
+  while (!done && !atomic_load(&j->cancel)) {
+    gs_fairshare_acquire(X.fs, v->slot);
+    if (atomic_load(&j->cancel)) { /* asked to stop while it waited */
+      gs_fairshare_release(X.fs, v->slot, 0);
+      break;
+    }
+    rc = gs_train_steps(t, 1, &done, &e);
+    double el = gs_train_last_device_seconds(t);
+    gs_fairshare_release(X.fs, v->slot, el);
+    j->device_seconds += el;
+    if (rc) break;
+  }
+  gs_fairshare_leave(X.fs, v->slot);
+  gs_train_result_get(t, &res);
+  if (gs_train_memory_timeline(t, planned_peak, &tl)) tl = NULL;
+  if (rc) {
+    err_text(&e, reason, sizeof reason);
+  } else if (done && !res.cancelled) {
+    state = GPUSHARE__V1__JOB_STATE__SUCCEEDED;
+    if (s->export_path && s->export_path[0] &&
+        gs_train_export_safetensors(t, s->export_path, &e)) {
+      state = GPUSHARE__V1__JOB_STATE__FAILED;
+      gs_err_prefix(&e, "export");
+      err_text(&e, reason, sizeof reason);
+    }
+  } else if (atomic_load(&j->stop) == STOP_INTERRUPT) {
+    state = GPUSHARE__V1__JOB_STATE__CANCELLED;
+    interrupted = true;
+    if (gs_train_checkpoint(t, j->ckpt, &e)) {
+      char why[900];
+      err_text(&e, why, sizeof why);
+      snprintf(reason, sizeof reason,
+               "interrupted by the executor's shutdown at step %" PRIu64
+               "; the checkpoint could not be written (%s), so a resume starts from the "
+               "previous one",
+               res.steps, why);
+    } else {
+      snprintf(reason, sizeof reason,
+               "interrupted by the executor's shutdown at step %" PRIu64
+               "; checkpoint written to %s",
+               res.steps, j->ckpt);
+    }
+  } else {
+    state = GPUSHARE__V1__JOB_STATE__CANCELLED;
+    snprintf(reason, sizeof reason, "cancelled at step %" PRIu64 " of %" PRIu64, res.steps,
+             gs_train_total_steps(t));
+  }
+
+report:
+  if (!t && reason[0] == '\0') {
+    /* Asked to stop before the job was created: nothing ran. */
+    int stop = atomic_load(&j->stop);
+    if (stop) {
+      state = GPUSHARE__V1__JOB_STATE__CANCELLED;
+      interrupted = stop == STOP_INTERRUPT;
+      snprintf(reason, sizeof reason, "%s before its first step",
+               interrupted ? "interrupted by the executor's shutdown" : "cancelled");
+    }
+  }
+  /* Every byte goes back to the vdev before the control plane hears of the end. */
+  gs_train_destroy(t);
+  gs_dataset_free(&train);
+  gs_dataset_free(&test);
+
+  Gpushare__Exec__V1__Finished f = GPUSHARE__EXEC__V1__FINISHED__INIT;
+  f.has_job_id = true;
+  f.job_id = j->id;
+  f.has_state = true;
+  f.state = state;
+  if (state != GPUSHARE__V1__JOB_STATE__SUCCEEDED) f.reason = reason;
+  if (have_oom) f.oom = &oom;
+  Gpushare__V1__EpochMetrics **pe = calloc(j->n_epochs ? j->n_epochs : 1, sizeof *pe);
+  if (pe) {
+    for (size_t i = 0; i < j->n_epochs; i++) pe[i] = &j->epochs[i];
+    f.n_epoch = j->n_epochs;
+    f.epoch = pe;
+  }
+  f.has_steps = f.has_peak_memory_bytes = f.has_device_seconds = true;
+  f.steps = res.steps;
+  f.peak_memory_bytes = res.peak_memory_bytes;
+  f.device_seconds = j->device_seconds;
+  f.has_interrupted = true;
+  f.interrupted = interrupted;
+
+  f.timeline = tl;
+
+  pthread_mutex_lock(&X.lock);
+  if (--v->running == 0) vdev_idle(v);
+  j->v = NULL;
+  pthread_mutex_unlock(&X.lock);
+
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED;
+  m.finished = &f;
+  atomic_store(&j->reported, true);
+  send_msg(&m);
+  send_stats();
+  if (state == GPUSHARE__V1__JOB_STATE__FAILED)
+    logf_("job %" PRIu64 " failed: %s", j->id, reason);
+  free(pe);
+  if (tl) gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+  atomic_store(&j->done, true);
+  wake_main();
+  return NULL;
+}
+
+static void job_free(job *j) {
+  if (!j) return;
+  if (j->msg) gpushare__exec__v1__to_executor__free_unpacked(j->msg, NULL);
+  free(j->epochs);
+  free(j);
+}
+
+static job *job_find(uint64_t id) {
+  for (job *j = X.jobs; j; j = j->next)
+    if (j->id == id) return j;
+  return NULL;
+}
+
+/* Takes ownership of msg (the ToExecutor holding the StartJob). */
+static void on_start(Gpushare__Exec__V1__ToExecutor *msg) {
+  const Gpushare__Exec__V1__StartJob *s = msg->start;
+  uint64_t id = s->has_job_id ? s->job_id : 0;
+  char sz[32];
+  job *j = NULL;
+  if (!s->has_job_id) {
+    logf_("StartJob without job_id; ignored");
+    goto drop;
+  }
+  if (X.stopping) {
+    send_refusal(id, true, "the executor is shutting down; the job did not start");
+    goto drop;
+  }
+  if (!s->spec) {
+    send_refusal(id, false, "StartJob for job %" PRIu64 " carries no spec", id);
+    goto drop;
+  }
+  pthread_mutex_lock(&X.lock);
+  if (job_find(id)) {
+    pthread_mutex_unlock(&X.lock);
+    /* Answering would end the job that runs under this id: only log. */
+    logf_("StartJob for job %" PRIu64 ", which already runs here; ignored", id);
+    goto drop;
+  }
+  vdev *v = s->vdev ? vdev_find(s->vdev) : NULL;
+  if (!v || !v->listed) {
+    pthread_mutex_unlock(&X.lock);
+    send_refusal(id, false, "vdev \"%s\" is not on device %s (SetVdevs did not list it)",
+                 s->vdev ? s->vdev : "", X.device);
+    goto drop;
+  }
+  if (!v->alloc) {
+    int arc = v->alloc_rc;
+    pthread_mutex_unlock(&X.lock);
+    send_refusal(id, false, "vdev %s could not reserve its %s limit on device %s (%s)",
+                 v->name, gs_size_format(v->limit, sz, sizeof sz), X.device, strerror(-arc));
+    goto drop;
+  }
+  j = calloc(1, sizeof *j);
+  if (!j) {
+    pthread_mutex_unlock(&X.lock);
+    send_refusal(id, false, "the executor is out of host memory");
+    goto drop;
+  }
+  j->id = id;
+  j->v = v;
+  j->msg = msg;
+  j->start = s;
+  j->ckpt_named = s->checkpoint_path && s->checkpoint_path[0];
+  if (j->ckpt_named)
+    snprintf(j->ckpt, sizeof j->ckpt, "%s", s->checkpoint_path);
+  else
+    snprintf(j->ckpt, sizeof j->ckpt, "%s/job-%" PRIu64 ".ckpt", X.state_dir, id);
+  v->running++;
+  int rc = pthread_create(&j->th, NULL, job_main, j);
+  if (rc) {
+    if (--v->running == 0) vdev_idle(v);
+    pthread_mutex_unlock(&X.lock);
+    j->msg = NULL;
+    job_free(j);
+    send_refusal(id, false, "the executor cannot start a thread for the job: %s",
+                 strerror(rc));
+    goto drop;
+  }
+  j->next = X.jobs;
+  X.jobs = j;
+  pthread_mutex_unlock(&X.lock);
+  return;
+drop:
+  gpushare__exec__v1__to_executor__free_unpacked(msg, NULL);
+}
+
+static void stop_all(int how) {
+  pthread_mutex_lock(&X.lock);
+  X.stopping = true;
+  for (job *j = X.jobs; j; j = j->next) {
+    int none = 0;
+    atomic_compare_exchange_strong(&j->stop, &none, how);
+    atomic_store(&j->cancel, 1);
+  }
+  pthread_mutex_unlock(&X.lock);
+}
+
+static void on_cancel(const Gpushare__Exec__V1__CancelJob *c) {
+  uint64_t id = c->has_job_id ? c->job_id : 0;
+  pthread_mutex_lock(&X.lock);
+  job *j = job_find(id);
+  if (j) {
+    int none = 0;
+    atomic_compare_exchange_strong(&j->stop, &none, STOP_CANCEL);
+    atomic_store(&j->cancel, 1);
+  }
+  pthread_mutex_unlock(&X.lock);
+  if (!j) logf_("CancelJob for job %" PRIu64 ", which does not run here; ignored", id);
+}
+
+/* Join the threads of jobs that have reported Finished. Returns how many
+ * jobs are left. */
+static int reap_jobs(void) {
+  int left = 0;
+  pthread_mutex_lock(&X.lock);
+  job **pp = &X.jobs;
+  while (*pp) {
+    job *j = *pp;
+    if (atomic_load(&j->done)) {
+      *pp = j->next;
+      pthread_mutex_unlock(&X.lock);
+      pthread_join(j->th, NULL);
+      job_free(j);
+      pthread_mutex_lock(&X.lock);
+      pp = &X.jobs; /* the list may have changed while unlocked */
+      continue;
+    }
+    left++;
+    pp = &j->next;
+  }
+  pthread_mutex_unlock(&X.lock);
+  return left;
+}
+
+/* Jobs that have not reported Finished yet. */
+static int running_jobs(void) {
+  int n = 0;
+  pthread_mutex_lock(&X.lock);
+  for (job *j = X.jobs; j; j = j->next) n += !atomic_load(&j->reported);
+  pthread_mutex_unlock(&X.lock);
+  return n;
+}
+
+/* ------------------------------------------------------------- main loop --- */
+
+static int on_frame(void *u, const uint8_t *body, size_t len) {
+  (void)u;
+  Gpushare__Exec__V1__ToExecutor *m = gpushare__exec__v1__to_executor__unpack(NULL, len, body);
+  if (!m) {
+    logf_("a frame of %zu bytes is not a gpushare.exec.v1.ToExecutor; ignored", len);
+    return 0;
+  }
+  switch (m->msg_case) {
+  case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SET_VDEVS:
+    on_set_vdevs(m->set_vdevs);
+    break;
+  case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_START:
+    on_start(m);
+    return 0; /* on_start owns m */
+  case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_CANCEL:
+    on_cancel(m->cancel);
+    break;
+  case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SHUTDOWN:
+    logf_("shutdown: checkpointing and stopping every job");
+    stop_all(STOP_INTERRUPT);
+    break;
+  default:
+    logf_("a ToExecutor frame with no message; ignored");
+    break;
+  }
+  gpushare__exec__v1__to_executor__free_unpacked(m, NULL);
+  return 0;
+}
+
+static void on_signal(int sig) {
+  g_signal = sig;
+  char c = 1;
+  ssize_t n = write(X.wake[1], &c, 1);
+  (void)n;
+}
+
+static int main_loop(void) {
+  gs_wire_decoder dec;
+  gs_wire_decoder_init(&dec, GS_WIRE_MAX_FRAME);
+  uint8_t buf[65536];
+  bool eof = false;
+  double next_stats = mono_s() + STATS_INTERVAL;
+  for (;;) {
+    int left = reap_jobs();
+    if ((X.stopping || eof) && left == 0) break;
+    if (g_signal && !X.stopping) {
+      logf_("signal %d: checkpointing and stopping every job", (int)g_signal);
+      stop_all(STOP_INTERRUPT);
+    }
+    int timeout = -1;
+    if (left > 0) {
+      double now = mono_s();
+      if (now >= next_stats) {
+        send_stats();
+        next_stats = now + STATS_INTERVAL;
+      }
+      timeout = (int)((next_stats - now) * 1000.0) + 1;
+    }
+    struct pollfd p[2] = {{.fd = X.wake[0], .events = POLLIN},
+                          {.fd = eof ? -1 : X.fd, .events = POLLIN}};
+    int n = poll(p, 2, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      logf_("poll: %s", strerror(errno));
+      break;
+    }
+    if (p[0].revents & POLLIN) {
+      char drain[256];
+      while (read(X.wake[0], drain, sizeof drain) > 0) {
+      }
+    }
+    if (!eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t got = read(X.fd, buf, sizeof buf);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got <= 0) {
+        /* ECONNRESET: the peer closed with our frames unread; an end all the same. */
+        if (got < 0 && errno != ECONNRESET)
+          logf_("reading the control socket: %s", strerror(errno));
+        int live = running_jobs();
+        if (live) logf_("the control plane closed the socket: cancelling %d job(s)", live);
+        eof = true;
+        stop_all(STOP_CANCEL);
+        continue;
+      }
+      int rc = gs_wire_feed(&dec, buf, (size_t)got, on_frame, NULL);
+      if (rc) {
+        logf_("the control socket is out of sync (%s): stopping", strerror(-rc));
+        eof = true;
+        stop_all(STOP_CANCEL);
+      }
+    }
+  }
+  gs_wire_decoder_free(&dec);
+  return 0;
+}
+
+/* ------------------------------------------------------------- arguments --- */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: gpushare-executor --device NAME --fd N --state-dir DIR [--threads N]\n"
+          "                         [--device-memory BYTES]\n"
+          "       gpushare-executor --list-devices\n"
+          "Run the training jobs of one device for gpushared, which starts it and speaks\n"
+          "gpushare.exec.v1 (proto/executor.proto) over the socket on descriptor N.\n"
+          "\n"
+          "  --device NAME     the device: cpu, or gpuN (through the CUDA plugin)\n"
+          "  --fd N            the control plane's end of a SOCK_STREAM socketpair\n"
+          "  --state-dir DIR   the daemon's state directory (checkpoints of jobs\n"
+          "                    that name none go there)\n"
+          "  --threads N       the device's thread budget: each step uses it whole\n"
+          "                    (default: all online cores)\n"
+          "  --device-memory BYTES  the device's usable memory: the regions of all\n"
+          "                    vdevs together never pass it (default: no budget\n"
+          "                    beyond what the device itself has)\n"
+          "  --list-devices    print the GPUs the CUDA plugin can open, one per line\n"
+          "                    (gpu INDEX BYTES CC NAME), or \"unavailable WHY\", and exit\n"
+          "  -h, --help        this text\n"
+          "Exit status: 0 after Shutdown or end of file, 1 on a start-up failure, 2 usage.\n");
+}
+
+/* --list-devices: the GPUs this process can open, for the control plane,
+ * which never loads CUDA itself (a CUDA context in gpushared would hold
+ * device memory and tie the control plane's life to the driver's). One line
+ * per GPU, tab-separated: "gpu INDEX TOTAL_BYTES MAJOR.MINOR NAME"; or one
+ * line "unavailable WHY" where the plugin, a driver or a device is missing.
+ * Exit 0 either way: no GPU is an answer, not a failure. */
+static int list_devices(void) {
+  char why[512] = "";
+  gs_backend *b = gs_backend_cuda_load(why, sizeof why);
+  if (!b) {
+    printf("unavailable\t%s\n", why[0] ? why : "the CUDA backend did not load");
+    return 0;
+  }
+  int n = gs_cuda_device_count(b);
+  for (int i = 0; i < n; i++) {
+    gs_gpu_info g;
+    if (gs_cuda_device_info(b, i, &g)) continue;
+    for (char *c = g.name; *c; c++)
+      if (*c == '\t' || *c == '\n') *c = ' ';
+    printf("gpu\t%d\t%" PRIu64 "\t%d.%d\t%s\n", i, g.total_bytes, g.major, g.minor, g.name);
+  }
+  if (n == 0) printf("unavailable\tthe CUDA backend reports no GPU\n");
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "gpushare-executor: ");
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\nTry 'gpushare-executor --help'.\n");
+  return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  if (!s || !*s) return -1;
+  errno = 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *device = NULL, *state_dir = NULL;
+  long fd = -1, threads = 0;
+  uint64_t device_memory = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--list-devices")) return list_devices();
+    const char *val = NULL;
+    char flag[32];
+    const char *eq = strchr(a, '=');
+    if (!strncmp(a, "--", 2) && eq) {
+      snprintf(flag, sizeof flag, "%.*s", (int)(eq - a), a);
+      val = eq + 1;
+    } else {
+      snprintf(flag, sizeof flag, "%s", a);
+      val = i + 1 < argc ? argv[i + 1] : NULL;
+      if (val) i++;
+    }
+    if (strcmp(flag, "--device") && strcmp(flag, "--fd") && strcmp(flag, "--state-dir") &&
+        strcmp(flag, "--threads") && strcmp(flag, "--device-memory"))
+      return usage_error("unknown option %s", a);
+    if (!val) return usage_error("%s needs a value", flag);
+    if (!strcmp(flag, "--device")) {
+      device = val;
+    } else if (!strcmp(flag, "--fd")) {
+      if (parse_int(val, 0, INT_MAX, &fd))
+        return usage_error("--fd: \"%s\" is not a file descriptor number", val);
+    } else if (!strcmp(flag, "--state-dir")) {
+      state_dir = val;
+    } else if (!strcmp(flag, "--device-memory")) {
+      char *end;
+      errno = 0;
+      unsigned long long v = strtoull(val, &end, 10);
+      if (!isdigit((unsigned char)val[0]) || errno || *end || v == 0)
+        return usage_error("--device-memory: \"%s\" is not a positive number of bytes", val);
+      device_memory = v;
+    } else if (parse_int(val, 1, 1024, &threads)) {
+      return usage_error("--threads: \"%s\" is not an integer from 1 to 1024", val);
+    }
+  }
+  if (!device) return usage_error("--device is required (cpu)");
+  if (fd < 0) return usage_error("--fd is required: the control plane's socket");
+  if (!state_dir || !*state_dir) return usage_error("--state-dir is required");
+
+  /* Die with the control plane, even when it is killed with -9. The parent
+   * may have died before the request took effect: then it is gone already.
+   * (A parent that died even before getppid() leaves its socket closed, and
+   * the first read ends the executor.) */
+  pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+    fprintf(stderr, "gpushare-executor: the control plane that started it is gone\n");
+    return 1;
+  }
+  snprintf(X.device, sizeof X.device, "%s", device);
+
+  struct stat st;
+  if (stat(state_dir, &st) || !S_ISDIR(st.st_mode)) {
+    logf_("--state-dir %s is not a directory", state_dir);
+    return 2;
+  }
+  snprintf(X.state_dir, sizeof X.state_dir, "%s", state_dir);
+  if (fcntl((int)fd, F_GETFD) < 0) {
+    logf_("--fd %ld is not an open descriptor", fd);
+    return 2;
+  }
+  X.fd = (int)fd;
+
+  if (!strcmp(device, "cpu")) {
+    X.b = gs_backend_cpu();
+    X.device_index = 0;
+  } else if (!strncmp(device, "gpu", 3)) {
+    long index;
+    if (parse_int(device + 3, 0, 1023, &index))
+      return usage_error("--device: \"%s\" is not a device: cpu, or gpuN", device);
+    char why[512] = "";
+    X.b = gs_backend_cuda_load(why, sizeof why);
+    if (!X.b) {
+      logf_("device %s: the CUDA backend is not available: %s", device, why);
+      return 1;
+    }
+    int count = gs_cuda_device_count(X.b);
+    if (index >= count) {
+      logf_("device %s: this machine has %d GPU(s) (gpu0..gpu%d)", device, count, count - 1);
+      return 1;
+    }
+    X.device_index = (int)index;
+  } else {
+    return usage_error("--device: \"%s\" is not a device: cpu, or gpuN", device);
+  }
+  if (device_memory) {
+    X.budget.inner = X.b;
+    X.budget.b = *X.b;
+    X.budget.b.region_reserve = budget_reserve;
+    X.budget.b.region_release = budget_release;
+    X.budget.cap = device_memory;
+    X.b = &X.budget.b;
+  }
+  const char *fp = getenv("GPUSHARE_EXECUTOR_FAILPOINT");
+  if (fp && *fp) {
+    if (failpoint_parse(fp))
+      return usage_error("GPUSHARE_EXECUTOR_FAILPOINT=\"%s\": expected kernel-crash:JOB:N "
+                         "(N >= 1)",
+                         fp);
+    X.inner_b = X.b;
+    X.table = *X.b;
+    X.table.dense_forward = failpoint_dense_forward;
+    X.b = &X.table;
+    logf_("failpoint: job %s crashes in its dense_forward call %" PRIu64, X.fp.job, X.fp.calls);
+  }
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  X.threads = threads > 0 ? (int)threads : (ncpu > 0 ? (int)ncpu : 1);
+  uint64_t free_bytes = 0;
+  if (X.b->device_memory(X.b, X.device_index, &X.total_bytes, &free_bytes)) {
+    logf_("the %s backend cannot say how much memory the device has", X.b->name);
+    return 1;
+  }
+
+  int status = 1;
+  if (pthread_mutex_init(&X.write_lock, NULL)) return 1;
+  if (pthread_mutex_init(&X.lock, NULL)) goto fail_write_lock;
+  if (gs_fairshare_create(FAIRSHARE_GRACE, FAIRSHARE_SLICE, &X.fs)) goto fail_lock;
+  if (pipe2(X.wake, O_CLOEXEC | O_NONBLOCK)) {
+    logf_("pipe: %s", strerror(errno));
+    goto fail_fs;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &sa, NULL); /* a gone peer is an error value, not a death */
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  char crash_path[PATH_MAX + 64];
+  snprintf(crash_path, sizeof crash_path, "%s/executor-%s.crash", X.state_dir, X.device);
+  X.crash_fd = open(crash_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (X.crash_fd < 0)
+    logf_("cannot open %s (%s): a crash will not say which job it hit", crash_path,
+          strerror(errno));
+  sa.sa_handler = on_fatal;
+  const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+  for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) sigaction(fatal[i], &sa, NULL);
+
+  logf_("ready: %d thread(s), %" PRIu64 " bytes", X.threads, X.total_bytes);
+  send_ready();
+  status = main_loop();
+
+  /* Every job has ended: the vdevs go. */
+  pthread_mutex_lock(&X.lock);
+  while (X.vdevs) vdev_destroy(X.vdevs);
+  pthread_mutex_unlock(&X.lock);
+  close(X.wake[0]);
+  close(X.wake[1]);
+fail_fs:
+  gs_fairshare_destroy(X.fs);
+fail_lock:
+  pthread_mutex_destroy(&X.lock);
+fail_write_lock:
+  pthread_mutex_destroy(&X.write_lock);
+  return status;
+}

@@ -1,0 +1,551 @@
+/*
+ * model.c: JobSpec -> validated recipe + sequential layer list with shapes.
+ *
+ * One pass over spec.model.layer carries the current per-example shape from
+ * the input to the logits. Each layer kind has a small function that checks
+ * its own fields against the shape it receives, reports the first problem
+ * with the field path and both shapes, and writes the shape it produces and
+ * its parameter tensors. Nothing here touches device memory: the runtime and
+ * the planner both start from this list, so a shape error is found before a
+ * single byte is reserved on a vdev.
+ */
+#include "runtime/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[GS_LAYER_KIND_COUNT] = {
+    "dense", "conv2d", "depthwise_conv2d", "max_pool2d",
+    "global_average_pooling2d", "flatten", "relu",
+};
+
+const char *gs_layer_kind_name(gs_layer_kind k) {
+  return (unsigned)k < GS_LAYER_KIND_COUNT ? kind_names[k] : "unknown";
+}
+
+const char *gs_shape_format(const gs_shape *s, uint32_t batch, char *buf, size_t len) {
+  char b[16] = "";
+  if (batch) snprintf(b, sizeof b, "%u, ", batch);
+  if (s->rank == 1)
+    snprintf(buf, len, "(%s%u)", b, s->c);
+  else
+    snprintf(buf, len, "(%s%u, %u, %u)", b, s->h, s->w, s->c);
+  return buf;
+}
+
+/* "28x28x1" or "784": how messages spell an input. */
+static const char *shape_x(const gs_shape *s, char *buf, size_t len) {
+  if (s->rank == 1)
+    snprintf(buf, len, "%u", s->c);
+  else
+    snprintf(buf, len, "%ux%ux%u", s->h, s->w, s->c);
+  return buf;
+}
+
+static bool finite_pos(float x) { return isfinite(x) && x > 0.0f; }
+static bool finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
+static bool unit_interval(float x) { return isfinite(x) && x >= 0.0f && x < 1.0f; }
+
+int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_err *e) {
+  memset(r, 0, sizeof *r);
+  if (spec->batch_size < 1 || spec->batch_size > GS_MODEL_MAX_BATCH)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "batch_size",
+                      "batch_size %u is out of range: it is the micro-batch, from 1 to %u",
+                      spec->batch_size, GS_MODEL_MAX_BATCH),
+           -EINVAL;
+  if (spec->accumulation_steps < 1 || spec->accumulation_steps > GS_MODEL_MAX_ACCUMULATION)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "accumulation_steps",
+                      "accumulation_steps %u is out of range: from 1 to %u",
+                      spec->accumulation_steps, GS_MODEL_MAX_ACCUMULATION),
+           -EINVAL;
+  if (spec->epochs < 1 || spec->epochs > GS_MODEL_MAX_EPOCHS)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "epochs",
+                      "epochs %u is out of range: from 1 to %u", spec->epochs,
+                      GS_MODEL_MAX_EPOCHS),
+           -EINVAL;
+  r->batch_size = spec->batch_size;
+  r->accumulation_steps = spec->accumulation_steps;
+  r->epochs = spec->epochs;
+  r->max_steps = spec->max_steps;
+  r->seed = spec->seed;
+  r->checkpoint_every_steps = spec->checkpoint_every_steps;
+
+  switch (spec->precision) {
+  case GPUSHARE__V1__PRECISION__FLOAT32: r->dtype = GS_F32; break;
+  case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: r->dtype = GS_F16; break;
+  case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: r->dtype = GS_BF16; break;
+  default:
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "precision",
+                      "precision %d is unknown: FLOAT32, MIXED_FLOAT16 or MIXED_BFLOAT16",
+                      (int)spec->precision),
+           -EINVAL;
+  }
+  r->precision = (int)spec->precision;
+
+  r->loss_scale_initial = 32768.0f;
+  r->loss_scale_growth_interval = 2000;
+  if (spec->loss_scale) {
+    const Gpushare__V1__LossScale *ls = spec->loss_scale;
+    if (!finite_pos(ls->initial))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "loss_scale.initial",
+                        "loss_scale.initial %g must be finite and > 0", (double)ls->initial),
+             -EINVAL;
+    if (ls->growth_interval < 1)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "loss_scale.growth_interval",
+                        "loss_scale.growth_interval %u must be >= 1", ls->growth_interval),
+             -EINVAL;
+    r->loss_scale_initial = ls->initial;
+    r->loss_scale_growth_interval = ls->growth_interval;
+  }
+
+  /* Defaults of gpushare.v1.Adam when no optimizer is given. */
+  r->adam = true;
+  r->learning_rate = 1e-3f;
+  r->beta1 = 0.9f;
+  r->beta2 = 0.999f;
+  r->epsilon = 1e-7f;
+  const Gpushare__V1__Optimizer *o = spec->optimizer;
+  if (o && o->kind_case == GPUSHARE__V1__OPTIMIZER__KIND_SGD) {
+    const Gpushare__V1__Sgd *s = o->sgd;
+    if (!finite_pos(s->learning_rate))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.sgd.learning_rate",
+                        "learning_rate %g must be finite and > 0", (double)s->learning_rate),
+             -EINVAL;
+    if (!unit_interval(s->momentum))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.sgd.momentum",
+                        "momentum %g must be in [0, 1)", (double)s->momentum),
+             -EINVAL;
+    if (!finite_nonneg(s->weight_decay))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.sgd.weight_decay",
+                        "weight_decay %g must be finite and >= 0", (double)s->weight_decay),
+             -EINVAL;
+    if (s->nesterov && s->momentum == 0.0f)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.sgd.nesterov",
+                        "nesterov needs a momentum > 0 (momentum is 0)"),
+             -EINVAL;
+    r->adam = false;
+    r->learning_rate = s->learning_rate;
+    r->momentum = s->momentum;
+    r->nesterov = s->nesterov;
+    r->weight_decay = s->weight_decay;
+    r->optimizer_slots = s->momentum > 0.0f ? 1 : 0;
+  } else if (o && o->kind_case == GPUSHARE__V1__OPTIMIZER__KIND_ADAM) {
+    const Gpushare__V1__Adam *a = o->adam;
+    if (!finite_pos(a->learning_rate))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.learning_rate",
+                        "learning_rate %g must be finite and > 0", (double)a->learning_rate),
+             -EINVAL;
+    if (!unit_interval(a->beta1))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.beta1",
+                        "beta1 %g must be in [0, 1)", (double)a->beta1),
+             -EINVAL;
+    if (!unit_interval(a->beta2))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.beta2",
+                        "beta2 %g must be in [0, 1)", (double)a->beta2),
+             -EINVAL;
+    if (!finite_pos(a->epsilon))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.epsilon",
+                        "epsilon %g must be finite and > 0", (double)a->epsilon),
+             -EINVAL;
+    if (!finite_nonneg(a->weight_decay))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.weight_decay",
+                        "weight_decay %g must be finite and >= 0", (double)a->weight_decay),
+             -EINVAL;
+    r->learning_rate = a->learning_rate;
+    r->beta1 = a->beta1;
+    r->beta2 = a->beta2;
+    r->epsilon = a->epsilon;
+    r->weight_decay = a->weight_decay;
+    r->decoupled = a->decoupled;
+  } else if (o && o->kind_case != GPUSHARE__V1__OPTIMIZER__KIND__NOT_SET) {
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer",
+                      "optimizer kind %d is unknown: sgd or adam", (int)o->kind_case),
+           -EINVAL;
+  }
+  if (r->adam) r->optimizer_slots = 2;
+  r->lr_schedule = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT;
+  if (o && o->schedule) {
+    const Gpushare__V1__LearningRateSchedule *ls = o->schedule;
+    if (ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT &&
+        ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.kind",
+                        "schedule kind %d is unknown: CONSTANT or COSINE", (int)ls->kind),
+             -EINVAL;
+    if (!(ls->final_fraction >= 0.0f && ls->final_fraction <= 1.0f))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.final_fraction",
+                        "final_fraction %g must be from 0 to 1", (double)ls->final_fraction),
+             -EINVAL;
+    if (ls->warmup_steps > 100000000u)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.warmup_steps",
+                        "warmup_steps %u is over 100000000", ls->warmup_steps),
+             -EINVAL;
+    r->lr_schedule = (int)ls->kind;
+    r->lr_warmup_steps = ls->warmup_steps;
+    r->lr_final_fraction = ls->final_fraction;
+  }
+  return 0;
+}
+
+float gs_recipe_learning_rate(const gs_recipe *r, uint64_t step, uint64_t total) {
+  double lr = r->learning_rate;
+  uint64_t w = r->lr_warmup_steps;
+  if (w && step < w) return (float)(lr * (double)(step + 1) / (double)w);
+  if (r->lr_schedule != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE) return (float)lr;
+  double span = total > w + 1 ? (double)(total - w - 1) : 1.0;
+  double p = (double)(step - w) / span;
+  if (p > 1.0) p = 1.0;
+  double f = r->lr_final_fraction;
+  return (float)(lr * (f + (1.0 - f) * 0.5 * (1.0 + cos(3.14159265358979323846 * p))));
+}
+
+/* Layer-building context: the error path and the layer's display name. */
+typedef struct lctx {
+  gs_err *e;
+  const gs_layer *l;
+  char path[64]; /* "model.layer[3]" */
+} lctx;
+
+static int lerr(lctx *c, const char *sub, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int lerr(lctx *c, const char *sub, const char *fmt, ...) {
+  char field[160], what[640];
+  snprintf(field, sizeof field, "%s%s%s", c->path, sub && *sub ? "." : "", sub ? sub : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  gs_err_set(c->e, GS_INVALID_ARGUMENT, field, "layer %s (layer[%u]): %s", c->l->name,
+             c->l->index, what);
+  return -EINVAL;
+}
+
+static void set_param(gs_param_shape *p, const char *suffix, uint32_t rank, uint32_t d0,
+                      uint32_t d1, uint32_t d2, uint32_t d3) {
+  uint32_t d[4] = {d0, d1, d2, d3};
+  p->suffix = suffix;
+  p->rank = rank;
+  p->count = 1;
+  for (uint32_t i = 0; i < 4; i++) {
+    p->dims[i] = i < rank ? d[i] : 0;
+    if (i < rank) p->count *= d[i];
+  }
+}
+
+static int need_image(lctx *c, const char *kind_field) {
+  char s[48];
+  if (c->l->in.rank == 3) return 0;
+  return lerr(c, kind_field, "%s needs an image input (height x width x channels), got the flat "
+              "input %s",
+              gs_layer_kind_name(c->l->kind), shape_x(&c->l->in, s, sizeof s));
+}
+
+static int check_window(lctx *c, const char *sub_k, const char *sub_s, uint32_t k,
+                        uint32_t stride, bool same, const char *what) {
+  char s[48];
+  gs_layer *l = (gs_layer *)c->l;
+  if (k < 1 || k > GS_MODEL_MAX_KERNEL)
+    return lerr(c, sub_k, "%s %u is out of range: from 1 to %u", what, k, GS_MODEL_MAX_KERNEL);
+  if (stride < 1 || stride > GS_MODEL_MAX_KERNEL)
+    return lerr(c, sub_s, "stride %u is out of range: from 1 to %u", stride,
+                GS_MODEL_MAX_KERNEL);
+  if (!same && (k > l->in.h || k > l->in.w))
+    return lerr(c, sub_k, "%s %ux%u with VALID padding does not fit input %s", what, k, k,
+                shape_x(&l->in, s, sizeof s));
+  l->kh = l->kw = k;
+  l->stride = stride;
+  l->same = same;
+  l->out.rank = 3;
+  l->out.h = gs_window_out(l->in.h, k, stride, same);
+  l->out.w = gs_window_out(l->in.w, k, stride, same);
+  return 0;
+}
+
+static int build_dense(lctx *c, gs_layer *l, const Gpushare__V1__Dense *d) {
+  char s[48];
+  if (l->in.rank != 1)
+    return lerr(c, "dense", "dense needs a flat input but gets %s from the layer before: add a "
+                "flatten {} (or global_average_pooling2d {}) layer before it",
+                shape_x(&l->in, s, sizeof s));
+  if (d->units < 1 || d->units > GS_MODEL_MAX_DIM)
+    return lerr(c, "dense.units", "units %u is out of range: from 1 to %u", d->units,
+                GS_MODEL_MAX_DIM);
+  if (d->activation != GPUSHARE__V1__ACTIVATION__NONE &&
+      d->activation != GPUSHARE__V1__ACTIVATION__RELU)
+    return lerr(c, "dense.activation", "activation %d is unknown: NONE or RELU",
+                (int)d->activation);
+  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->units = d->units;
+  l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = d->units};
+  l->n_params = 2;
+  set_param(&l->params[0], "kernel", 2, l->in.c, d->units, 0, 0);
+  set_param(&l->params[1], "bias", 1, d->units, 0, 0, 0);
+  l->fan_in = l->in.c;
+  l->fan_out = d->units;
+  return 0;
+}
+
+static int check_activation_padding(lctx *c, const char *kind, int act, int pad) {
+  char f[64];
+  if (act != GPUSHARE__V1__ACTIVATION__NONE && act != GPUSHARE__V1__ACTIVATION__RELU) {
+    snprintf(f, sizeof f, "%s.activation", kind);
+    return lerr(c, f, "activation %d is unknown: NONE or RELU", act);
+  }
+  if (pad != GPUSHARE__V1__PADDING__SAME && pad != GPUSHARE__V1__PADDING__VALID) {
+    snprintf(f, sizeof f, "%s.padding", kind);
+    return lerr(c, f, "padding %d is unknown: SAME or VALID", pad);
+  }
+  return 0;
+}
+
+static int build_conv2d(lctx *c, gs_layer *l, const Gpushare__V1__Conv2D *d) {
+  int rc;
+  if ((rc = need_image(c, "conv2d"))) return rc;
+  if ((rc = check_activation_padding(c, "conv2d", d->activation, d->padding))) return rc;
+  if (d->filters < 1 || d->filters > GS_MODEL_MAX_DIM)
+    return lerr(c, "conv2d.filters", "filters %u is out of range: from 1 to %u", d->filters,
+                GS_MODEL_MAX_DIM);
+  if ((rc = check_window(c, "conv2d.kernel_size", "conv2d.stride", d->kernel_size, d->stride,
+                         d->padding == GPUSHARE__V1__PADDING__SAME, "kernel")))
+    return rc;
+  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->units = d->filters;
+  l->out.c = d->filters;
+  l->n_params = 2;
+  set_param(&l->params[0], "kernel", 4, l->kh, l->kw, l->in.c, d->filters);
+  set_param(&l->params[1], "bias", 1, d->filters, 0, 0, 0);
+  l->fan_in = l->kh * l->kw * l->in.c;
+  l->fan_out = l->kh * l->kw * d->filters;
+  return 0;
+}
+
+static int build_depthwise(lctx *c, gs_layer *l, const Gpushare__V1__DepthwiseConv2D *d) {
+  int rc;
+  if ((rc = need_image(c, "depthwise_conv2d"))) return rc;
+  if ((rc = check_activation_padding(c, "depthwise_conv2d", d->activation, d->padding)))
+    return rc;
+  if ((rc = check_window(c, "depthwise_conv2d.kernel_size", "depthwise_conv2d.stride",
+                         d->kernel_size, d->stride,
+                         d->padding == GPUSHARE__V1__PADDING__SAME, "kernel")))
+    return rc;
+  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->units = l->in.c;
+  l->out.c = l->in.c;
+  l->n_params = 2;
+  set_param(&l->params[0], "kernel", 3, l->kh, l->kw, l->in.c, 0);
+  set_param(&l->params[1], "bias", 1, l->in.c, 0, 0, 0);
+  /* Keras sees the depthwise kernel as (KH, KW, C, 1). */
+  l->fan_in = l->kh * l->kw * l->in.c;
+  l->fan_out = l->kh * l->kw;
+  return 0;
+}
+
+static int build_maxpool(lctx *c, gs_layer *l, const Gpushare__V1__MaxPool2D *d) {
+  int rc;
+  if ((rc = need_image(c, "max_pool2d"))) return rc;
+  uint32_t stride = d->has_stride && d->stride ? d->stride : d->pool_size;
+  if (d->has_stride && d->stride == 0)
+    return lerr(c, "max_pool2d.stride", "stride 0 is out of range: from 1 to %u (or unset for "
+                "the pool size)", GS_MODEL_MAX_KERNEL);
+  if ((rc = check_window(c, "max_pool2d.pool_size", "max_pool2d.stride", d->pool_size, stride,
+                         false, "pool")))
+    return rc;
+  l->out.c = l->in.c;
+  return 0;
+}
+
+static int check_name(lctx *c, const char *name) {
+  size_t n = strlen(name);
+  if (n >= GS_MODEL_NAME_MAX)
+    return lerr(c, "name", "name is %zu characters long: at most %d", n, GS_MODEL_NAME_MAX - 1);
+  for (size_t i = 0; i < n; i++) {
+    char ch = name[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '-';
+    if (!ok)
+      return lerr(c, "name", "name \"%s\" has the character '%c': use letters, digits, '_' "
+                  "and '-' (a name keys the layer's tensors, as name.kernel)", name, ch);
+  }
+  return 0;
+}
+
+int gs_model_build(const Gpushare__V1__JobSpec *spec, gs_model *m, gs_err *e) {
+  int rc;
+  memset(m, 0, sizeof *m);
+  if (!spec)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "", "the job has no spec"), -EINVAL;
+  if ((rc = gs_model_check_recipe(spec, &m->recipe, e))) return rc;
+  const Gpushare__V1__Model *pm = spec->model;
+  if (!pm)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model", "the job has no model"), -EINVAL;
+  const Gpushare__V1__InputShape *in = pm->input;
+  if (!in)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                      "the model has no input {height width channels}"),
+           -EINVAL;
+  if (in->height < 1 || in->height > GS_MODEL_MAX_DIM)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.height",
+                      "input height %u is out of range: from 1 to %u", in->height,
+                      GS_MODEL_MAX_DIM),
+           -EINVAL;
+  if (in->width < 1 || in->width > GS_MODEL_MAX_DIM)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.width",
+                      "input width %u is out of range: from 1 to %u", in->width,
+                      GS_MODEL_MAX_DIM),
+           -EINVAL;
+  if (in->channels < 1 || in->channels > GS_MODEL_MAX_DIM)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.channels",
+                      "input channels %u is out of range: from 1 to %u", in->channels,
+                      GS_MODEL_MAX_DIM),
+           -EINVAL;
+  m->input = (gs_shape){.rank = 3, .h = in->height, .w = in->width, .c = in->channels};
+  if (gs_shape_elements(&m->input) > GS_MODEL_MAX_ELEMENTS)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                      "input %ux%ux%u has %llu elements per example: at most %llu",
+                      in->height, in->width, in->channels,
+                      (unsigned long long)gs_shape_elements(&m->input),
+                      (unsigned long long)GS_MODEL_MAX_ELEMENTS),
+           -EINVAL;
+  if (pm->n_layer < 1 || pm->n_layer > GS_MODEL_MAX_LAYERS)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
+                      "the model has %zu layers: from 1 to %u", pm->n_layer,
+                      GS_MODEL_MAX_LAYERS),
+           -EINVAL;
+
+  m->layers = calloc(pm->n_layer, sizeof *m->layers);
+  if (!m->layers)
+    return gs_err_set(e, GS_INTERNAL, "model.layer", "out of host memory for %zu layers",
+                      pm->n_layer),
+           -ENOMEM;
+  m->n_layers = (uint32_t)pm->n_layer;
+  uint32_t per_kind[GS_LAYER_KIND_COUNT] = {0};
+  gs_shape cur = m->input;
+  m->max_elements = gs_shape_elements(&cur);
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const Gpushare__V1__Layer *pl = pm->layer[i];
+    gs_layer *l = &m->layers[i];
+    lctx c = {.e = e, .l = l};
+    snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
+    l->index = i;
+    l->in = cur;
+    l->out = cur;
+    switch (pl->kind_case) {
+    case GPUSHARE__V1__LAYER__KIND_DENSE: l->kind = GS_LAYER_DENSE; break;
+    case GPUSHARE__V1__LAYER__KIND_CONV2D: l->kind = GS_LAYER_CONV2D; break;
+    case GPUSHARE__V1__LAYER__KIND_DEPTHWISE_CONV2D: l->kind = GS_LAYER_DEPTHWISE_CONV2D; break;
+    case GPUSHARE__V1__LAYER__KIND_MAX_POOL2D: l->kind = GS_LAYER_MAX_POOL2D; break;
+    case GPUSHARE__V1__LAYER__KIND_GLOBAL_AVERAGE_POOLING2D:
+      l->kind = GS_LAYER_GLOBAL_AVERAGE_POOLING2D;
+      break;
+    case GPUSHARE__V1__LAYER__KIND_FLATTEN: l->kind = GS_LAYER_FLATTEN; break;
+    case GPUSHARE__V1__LAYER__KIND_RELU: l->kind = GS_LAYER_RELU; break;
+    default:
+      gs_err_set(e, GS_INVALID_ARGUMENT, c.path,
+                 "layer[%u] has no kind: one of dense, conv2d, depthwise_conv2d, max_pool2d, "
+                 "global_average_pooling2d, flatten, relu",
+                 i);
+      goto fail;
+    }
+    per_kind[l->kind]++;
+    if (pl->name && pl->name[0]) {
+      snprintf(l->name, sizeof l->name, "%s", pl->name);
+      if (check_name(&c, pl->name)) goto fail;
+    } else {
+      snprintf(l->name, sizeof l->name, "%s_%u", gs_layer_kind_name(l->kind), per_kind[l->kind]);
+    }
+    switch (l->kind) {
+    case GS_LAYER_DENSE: rc = build_dense(&c, l, pl->dense); break;
+    case GS_LAYER_CONV2D: rc = build_conv2d(&c, l, pl->conv2d); break;
+    case GS_LAYER_DEPTHWISE_CONV2D: rc = build_depthwise(&c, l, pl->depthwise_conv2d); break;
+    case GS_LAYER_MAX_POOL2D: rc = build_maxpool(&c, l, pl->max_pool2d); break;
+    case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
+      rc = need_image(&c, "global_average_pooling2d");
+      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = cur.c};
+      break;
+    case GS_LAYER_FLATTEN:
+      rc = 0;
+      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = (uint32_t)gs_shape_elements(&cur)};
+      break;
+    default: rc = 0; break; /* relu keeps the shape */
+    }
+    if (rc) goto fail;
+    uint64_t oe = gs_shape_elements(&l->out);
+    if (oe < 1 || oe > GS_MODEL_MAX_ELEMENTS) {
+      char s1[48], s2[48];
+      lerr(&c, gs_layer_kind_name(l->kind), "output %s from input %s has %llu elements per "
+           "example: from 1 to %llu", shape_x(&l->out, s1, sizeof s1),
+           shape_x(&l->in, s2, sizeof s2), (unsigned long long)oe,
+           (unsigned long long)GS_MODEL_MAX_ELEMENTS);
+      goto fail;
+    }
+    for (uint32_t p = 0; p < l->n_params; p++) l->param_count += l->params[p].count;
+    m->param_count += l->param_count;
+    if (oe > m->max_elements) m->max_elements = oe;
+    for (uint32_t j = 0; j < i; j++) {
+      if (strcmp(m->layers[j].name, l->name) == 0) {
+        lerr(&c, "name", "the name %s is already layer[%u]'s: layer names must be unique",
+             l->name, j);
+        goto fail;
+      }
+    }
+    cur = l->out;
+  }
+  const gs_layer *last = &m->layers[m->n_layers - 1];
+  if (last->kind != GS_LAYER_DENSE) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
+               "the last layer %s (layer[%u]) is a %s: the model must end with a dense layer "
+               "whose units are the classes (its outputs are the logits)",
+               last->name, last->index, gs_layer_kind_name(last->kind));
+    goto fail;
+  }
+  if (last->units < 2) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
+               "the last layer %s (layer[%u]) has %u unit: a classifier needs at least 2 "
+               "classes",
+               last->name, last->index, last->units);
+    goto fail;
+  }
+  m->classes = last->units;
+  return 0;
+fail:
+  gs_model_free(m);
+  return -EINVAL;
+}
+
+void gs_model_free(gs_model *m) {
+  if (!m) return;
+  free(m->layers);
+  m->layers = NULL;
+  m->n_layers = 0;
+}
+
+int gs_model_check_dataset(const gs_model *m, const char *which, uint32_t h, uint32_t w,
+                           uint32_t c, uint32_t classes, gs_err *e) {
+  if (h != m->input.h || w != m->input.w || c != m->input.c)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                      "the %s dataset's examples are %ux%ux%u but the model's input is %ux%ux%u",
+                      which, h, w, c, m->input.h, m->input.w, m->input.c),
+           -EINVAL;
+  if (classes != m->classes) {
+    const gs_layer *last = &m->layers[m->n_layers - 1];
+    char f[96];
+    snprintf(f, sizeof f, "model.layer[%u].dense.units", last->index);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "layer %s (layer[%u]) has %u units but the %s dataset has %u classes: "
+                      "the last dense layer's units must equal the classes",
+                      last->name, last->index, last->units, which, classes),
+           -EINVAL;
+  }
+  return 0;
+}
+
+gs_conv_shape gs_model_conv_shape(const gs_layer *l, uint32_t n) {
+  gs_conv_shape s = {.n = n, .h = l->in.h, .w = l->in.w, .c = l->in.c, .kh = l->kh,
+                     .kw = l->kw, .stride = l->stride, .same = l->same,
+                     .f = l->kind == GS_LAYER_CONV2D ? l->units : l->in.c};
+  gs_conv_shape_init(&s);
+  return s;
+}

@@ -1,0 +1,144 @@
+/*
+ * plan.h: a job's memory, known before it runs.
+ *
+ * The planner walks the same model (model.h) and the same buffer list the
+ * training runtime allocates (train.h: weights, masters, gradients,
+ * optimizer state, saved activations, workspace, batch buffers), sized with
+ * the same backend workspace queries and the allocator's block rounding
+ * (gs_alloc_block_size), so its peak is what the vdev allocator will
+ * measure, without allocating anything. The same calls serve gpushare-run
+ * (--plan, --memory-limit), the daemon's submit (admission, auto_fit) and
+ * `gpuctl plan`, and the executor's OOM reports (what would fit).
+ */
+#ifndef GS_PLAN_H
+#define GS_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/alloc.h"
+#include "kernels/backend.h"
+#include "proto/gpushare.pb-c.h"
+#include "common/error.h"
+#include "runtime/train.h"
+
+typedef struct gs_plan_row {
+  char layer[64];         /* "dense_1", or "job" for job-wide buffers */
+  char kind[32];          /* "dense", "conv2d", ..., "job" */
+  char output_shape[64];  /* "(128, 14, 14, 32)" with the micro-batch */
+  uint64_t parameters;
+  uint64_t bytes[GS_ROLE_COUNT]; /* by gs_role, after allocator rounding */
+} gs_plan_row;
+
+typedef struct gs_plan {
+  gs_plan_row *rows;      /* one per layer, then "job"; malloc'd */
+  size_t n_rows;
+  uint64_t by_role[GS_ROLE_COUNT];
+  uint64_t peak_bytes;    /* what the allocator's peak in use will be */
+  uint64_t parameters;
+  uint32_t micro_batch;   /* spec.batch_size as planned */
+  uint32_t accumulation_steps;
+  int precision;          /* Gpushare__V1__Precision */
+  /* addition: the allocator block sizes in allocation order (malloc'd), for
+   * gs_plan_fits' simulation of a GROWTH vdev's regions */
+  uint64_t *blocks;
+  size_t n_blocks;
+} gs_plan;
+
+/* Plan spec as it stands (validates it like gs_model_build; INVALID_ARGUMENT
+ * with the field path on a bad spec). `b` answers the workspace queries. */
+int gs_plan_job(const Gpushare__V1__JobSpec *spec, const gs_backend *b, gs_plan *out,
+                gs_err *e);
+void gs_plan_free(gs_plan *p);
+
+/* The human table, like a model summary: layer, output shape, parameters,
+ * bytes by role, the predicted peak and, when limit > 0, whether it fits and
+ * by how much. malloc'd. */
+char *gs_plan_format(const gs_plan *p, uint64_t limit);
+
+/* What would fit under `limit`: up to max suggestions (the largest
+ * micro-batch dividing the effective batch that fits, with the accumulation
+ * that keeps the effective batch; mixed precision where the job is fp32),
+ * each with its predicted peak and the saving against the current plan. */
+typedef struct gs_plan_suggestion {
+  char what[256];               /* "micro-batch 32 x 4 accumulation steps" */
+  uint32_t micro_batch;
+  uint32_t accumulation_steps;
+  int precision;
+  uint64_t predicted_peak_bytes;
+  uint64_t saving_bytes;
+} gs_plan_suggestion;
+int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                    gs_plan_suggestion *out, size_t max, size_t *n, gs_err *e);
+
+/* Admission against a vdev limit. fits: the plan as submitted fits. With
+ * auto_fit and no fit: the largest micro-batch dividing the effective batch
+ * (batch_size x accumulation_steps) that fits, and the accumulation that
+ * keeps the effective batch (chosen = true). Neither: refused, and `why` says
+ * so with the plan's summary, the suggestion that fits, or, when even
+ * micro-batch 1 does not fit, which role dominates. */
+typedef struct gs_admission {
+  bool fits;          /* as submitted, or after auto-fit */
+  bool chosen;        /* auto-fit changed micro-batch/accumulation */
+  uint32_t micro_batch;
+  uint32_t accumulation_steps;
+  gs_plan plan;       /* of what will run (or of the refused spec) */
+  char why[2048];     /* the refusal, when !fits */
+} gs_admission;
+int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                  bool auto_fit, gs_admission *out, gs_err *e);
+void gs_admission_free(gs_admission *a);
+
+/* ---- additions (issue 4). Fitting a limit is more than peak <= limit: a
+ * GROWTH vdev reserves regions (2 MiB, then twice the last, capped by what
+ * the limit leaves) and a block never spans two, so a large buffer late in
+ * the list can find only scraps. gs_plan_fits simulates the policy;
+ * PREALLOCATE packs the blocks end to end and fits iff peak <= limit.
+ * gs_plan_admit and gs_plan_suggest (above) judge fits as GROWTH, the
+ * stricter policy (what fits it fits PREALLOCATE too); the _policy
+ * variants take the vdev's policy. ---- */
+bool gs_plan_fits(const gs_plan *p, uint64_t limit, gs_alloc_policy policy);
+int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+                         gs_alloc_policy policy, bool auto_fit, gs_admission *out, gs_err *e);
+int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                           uint64_t limit, gs_alloc_policy policy, gs_plan_suggestion *out,
+                           size_t max, size_t *n, gs_err *e);
+
+/* ---- more additions (issue 4): the same plan as JSON and as a message, the OOM
+ * report and the memory timeline, so every surface says the same ---- */
+
+/* The plan as one JSON object (micro_batch, accumulation_steps,
+ * effective_batch, precision, parameters, peak_bytes, limit_bytes, fits when
+ * limit > 0, by_role, rows[] with bytes by role). malloc'd; NULL on ENOMEM. */
+char *gs_plan_json(const gs_plan *p, uint64_t limit);
+/* The plan as gpushare.v1.Plan (rows, peak, limit, fits, summary = the
+ * table), for PlanResponse / SubmitResponse. Everything in *out is
+ * malloc'd: free with gpushare__v1__plan__free_unpacked(*out, NULL).
+ * Returns 0 or -ENOMEM. */
+int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out);
+
+/* The OOM report of a failed gs_train_create (f->oom set): the tensor, the
+ * vdev's numbers at the failure, the cause (QUOTA / PHYSICAL /
+ * FRAGMENTATION) with an explanation for an ML engineer, and what would fit
+ * (gs_plan_suggest for `spec`, the job as it was created, against the
+ * vdev's limit for QUOTA, the bytes the vdev could reserve for PHYSICAL; for
+ * FRAGMENTATION the limit, laid out in growth regions, when part of the limit
+ * is unreserved (a growth vdev whose regions and unreserved rest each fall
+ * short of the tensor), else the largest free block). `spec` may be NULL (no
+ * suggestions); `vdev_name` may be NULL. Everything in *out is malloc'd:
+ * free with gs_plan_oom_report_free (= gpushare__v1__oom_report__free_unpacked).
+ * Returns 0, -EINVAL (f is not an OOM) or -ENOMEM, with e filled. */
+int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+                       const gs_train_failure *f, const char *vdev_name,
+                       Gpushare__V1__OomReport **out, gs_err *e);
+void gs_plan_oom_report_free(Gpushare__V1__OomReport *r);
+/* The report as gpushare-run and gpuctl print it (several lines). malloc'd. */
+char *gs_plan_oom_format(const Gpushare__V1__OomReport *r);
+
+/* A MemoryTimeline (gs_train_memory_timeline) as text: the peak against the
+ * plan, a bar per step (at most 40 lines; more steps merge by max) and the
+ * bytes by layer and role at the peak. malloc'd. */
+char *gs_plan_timeline_format(const Gpushare__V1__MemoryTimeline *tl);
+
+#endif
