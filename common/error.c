@@ -1,19 +1,35 @@
 /* error.c: gs_err, the one error value every gpushare module reports with. */
 #include "common/error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+int gs_code_errno(int code) {
+  switch (code) {
+    case GS_OK: return 0;
+    case GS_INVALID_ARGUMENT: return -EINVAL;
+    case GS_NOT_FOUND: return -ENOENT;
+    case GS_ALREADY_EXISTS: return -EEXIST;
+    case GS_PERMISSION_DENIED: return -EACCES;
+    case GS_RESOURCE_EXHAUSTED: return -ENOSPC;
+    case GS_FAILED_PRECONDITION: return -EBUSY;
+    case GS_UNAVAILABLE: return -EAGAIN;
+    default: return -EIO;
+  }
+}
+
 int gs_err_set(gs_err *e, int code, const char *field, const char *fmt, ...) {
-  if (!e) return -1;
+  int rc = code == GS_OK ? -EIO : gs_code_errno(code);
+  if (!e) return rc;
   e->code = code;
   snprintf(e->field, sizeof e->field, "%s", field ? field : "");
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(e->msg, sizeof e->msg, fmt, ap);
   va_end(ap);
-  return -1;
+  return rc;
 }
 
 void gs_err_prefix(gs_err *e, const char *prefix) {

@@ -1,13 +1,18 @@
 /*
- * gs_error.h: how gpushare reports an error a person must understand.
+ * common/error.h: gpushare's one error convention.
  *
- * Functions return 0 on success and a negative value on failure; where the
- * failure comes from input (a job spec, a frame, a size, a CLI argument) the
- * caller also passes a gs_err, which receives a status code that mirrors
+ * A function that can fail returns 0 (or a count) on success and a negative
+ * errno value on failure: -EINVAL, -ENOENT, -ENOMEM, the -errno of a failed
+ * system call. Where a person must understand the failure (a job spec, a
+ * frame, a size, a CLI argument, a file that cannot be read), the caller
+ * also passes a gs_err, which receives a status code that mirrors
  * gpushare.v1.Code, the path of the offending field ("spec.batch_size",
  * "model.layer[2].conv2d.kernel_size") and a sentence that names the value
- * and what is allowed. The daemon copies these three straight into its
+ * and what is allowed. gs_err_set returns the errno that matches its code
+ * (gs_code_errno), so `return gs_err_set(e, GS_INVALID_ARGUMENT, ...)` keeps
+ * both halves in step. The daemon copies the three fields straight into its
  * Response, the CLIs print them, so one message serves every surface.
+ * Callers test `rc < 0`, and a specific -E value only where they act on it.
  */
 #ifndef GS_ERROR_H
 #define GS_ERROR_H
@@ -33,7 +38,14 @@ typedef struct gs_err {
   char msg[768];   /* one or two sentences: what, the value, what is allowed */
 } gs_err;
 
-/* Fill e (which may be NULL) and return -1, so callers can write
+/* The negative errno that stands for a status code: INVALID_ARGUMENT
+ * -EINVAL, NOT_FOUND -ENOENT, ALREADY_EXISTS -EEXIST, PERMISSION_DENIED
+ * -EACCES, RESOURCE_EXHAUSTED -ENOSPC, FAILED_PRECONDITION -EBUSY,
+ * UNAVAILABLE -EAGAIN, anything else -EIO; 0 for GS_OK. */
+int gs_code_errno(int code);
+
+/* Fill e (which may be NULL) and return gs_code_errno(code) (-EIO for
+ * GS_OK, which is no error to set), so callers can write
  * `return gs_err_set(e, GS_INVALID_ARGUMENT, "batch_size", "...", v);`. */
 int gs_err_set(gs_err *e, int code, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -9,7 +9,7 @@
  */
 #include <stddef.h>
 
-#include "cblas.h"
+#include "kernels/ref_blas/cblas.h"
 
 void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
                  blasint m, blasint n, blasint k, float alpha, const float *a, blasint lda,
