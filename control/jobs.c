@@ -1329,7 +1329,7 @@ static void collect_event(void *u, const uint8_t *rec, size_t len) {
 }
 
 int gs_rpc_logs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->logs->id, rq->logs->has_id, &j, e) < 0) return -1;
   Gpushare__V1__LogsResponse *m =
       AR_MSG(&c->ar, Gpushare__V1__LogsResponse, GPUSHARE__V1__LOGS_RESPONSE__INIT);
@@ -1385,7 +1385,7 @@ int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
 }
 
 int gs_rpc_memory(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->memory->id, rq->memory->has_id, &j, e) < 0) return -1;
   Gpushare__V1__MemoryResponse *m =
       AR_MSG(&c->ar, Gpushare__V1__MemoryResponse, GPUSHARE__V1__MEMORY_RESPONSE__INIT);

@@ -517,7 +517,7 @@ int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *
   if (rc) return rc;
   const uint64_t eff = (uint64_t)cur.micro_batch * cur.accumulation_steps;
   const uint64_t lim = limit ? limit : UINT64_MAX;
-  uint64_t peak;
+  uint64_t peak = 0;
   /* 1. The largest smaller micro-batch that fits, same precision. */
   uint32_t d = largest_fit(spec, b, eff, cur.precision, lim, pol, cur.micro_batch, &peak, NULL);
   uint64_t dpeak = peak;
