@@ -2,7 +2,7 @@
  * backend.h: the compute contract every gpushare device implements.
  *
  * A backend is a table of functions over device buffers. The training runtime
- * (daemon/train/) never touches tensor memory itself: it asks the backend to
+ * (runtime/) never touches tensor memory itself: it asks the backend to
  * reserve regions (the vdev allocator carves tensors out of them), to copy
  * batches in and results out, and to run the ops below. Two backends share
  * this one contract: `cpu` (kernels/cpu/, C11 + OpenBLAS, the reference) and
@@ -213,9 +213,8 @@ struct gs_backend {
    *      Either way the step consumes g: it leaves every element +0, ready
    *      for the next step's gradients to accumulate into. Clearing in the
    *      update's own pass, where each element has just been read, costs a
-   *      store; a clear of its own right after the update read all of g
-   *      again (fashion-mlp on the cpu, 2 threads: 12 us of a 0.9 ms step,
-   *      17 us at the top of the next step). ----
+   *      store; a clear of its own, before or after the update, would read
+   *      all of g again. ----
    * SGD: g' = g + wd*w; m = momentum*m + g' (when momentum > 0);
    *      w -= lr * (nesterov ? g' + momentum*m : (momentum > 0 ? m : g')). */
   int (*sgd_step)(gs_exec *ex, float *w, float *g, float *m, size_t count,

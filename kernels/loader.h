@@ -12,7 +12,7 @@
  *   1. $GS_CUDA_PLUGIN, a path to the .so (only there, when it is set);
  *   2. the running executable's directory;
  *   3. its kernels/cuda, ../kernels/cuda and ../../kernels/cuda (the build
- *      trees: build/daemon/train/gpushare-run and build/kernels/test_* reach
+ *      trees: the programs in build/bin/ reach
  *      build/kernels/cuda/libgskernels_cuda.so, and the GPU-only project's
  *      build-gpu/gpu_tests reaches build-gpu/kernels/cuda/);
  *   4. the install library directory (GS_INSTALL_LIBDIR, e.g.
