@@ -3,10 +3,8 @@
  *
  * Training drives values toward zero: once a job has learned its data,
  * gradients, Adam's moments and many activations become fp32 subnormals,
- * and x86 cores take a microcode assist for each operation on one, slowing
- * a step by tens of percent (measured: the 512-wide MLP of test_shares at
- * 16,000 samples/s over its first 200 steps, 12,800 over 3,000, as its loss
- * fell to 1e-6). GPUs flush these in their fast paths, and PyTorch's
+ * and x86 cores take a microcode assist for each operation on one, which
+ * slows a step more and more as the job's loss falls. GPUs flush these in their fast paths, and PyTorch's
  * set_flush_denormal does the same on CPUs. So the job thread (gs_train
  * around each batch of steps) and the cpu backend's pool workers run with
  * flush-to-zero and denormals-are-zero set; conversions between the storage

@@ -29,10 +29,9 @@
  * and each job uses exactly the threads its exec was given, never more.
  * The cost is that each part packs its own copy of B, which is small next
  * to the GEMMs gpushare runs (batch x features), and smaller than what
- * OpenBLAS's own threads spend handing packed panels to each other: at two
- * threads, fashion-mlp's 128x256x784 first layer took 384-411 us as one
- * two-thread OpenBLAS call, 337-347 us as two halves here (best of 2000,
- * docs/operations.md). The OpenMP build would read
+ * OpenBLAS's own threads spend handing packed panels to each other: a
+ * layer split in halves here runs faster than the same GEMM as one
+ * two-thread OpenBLAS call. The OpenMP build would read
  * omp_get_max_threads() per call but keeps it in the same global, racing
  * between jobs; the serial build would work like this one but is not what
  * the Debian package installs.
@@ -41,9 +40,8 @@
  * run on the job's thread. A worker spins for the next range for up to
  * GS_CPU_SPIN_NS before it sleeps on a condition variable, and so does the
  * caller waiting for its workers: a step posts a range every few hundred
- * microseconds, and a futex wake-up costs tens of them on a virtual machine
- * (fashion-mlp on 2 threads: 57,000-73,000 samples/s with workers that
- * always slept, 78,000-82,000 spinning first, in interleaved runs).
+ * microseconds, and a futex wake-up costs tens of them on a virtual machine,
+ * a large part of a step when every range waits for one.
  *
  * Ops are synchronous: they have finished when they return, so synchronize
  * has nothing to wait for, and copies are memcpy.
@@ -120,9 +118,8 @@ static bool all_done(gs_exec *ex, uint64_t unused) {
  * GS_CPU_SPIN_NS on the other core, the new job's worker lands beside its
  * own job thread, and the two hand ranges to each other on one core (tens
  * of switches a millisecond) until the load balancer notices, which it
- * hardly does while only one of them is runnable at a time (four jobs on
- * four vdevs of a 2-core machine: three to four percent of the aggregate
- * rate, milliseconds at the start of every 50 ms slice). */
+ * hardly does while only one of them is runnable at a time: milliseconds
+ * lost at the start of every fair-share slice. */
 static void leave_poster_cpu(struct gs_cpu_worker *wk) {
   const gs_exec *ex = wk->ex;
   int poster = atomic_load_explicit(&ex->poster_cpu, memory_order_relaxed);
@@ -212,9 +209,8 @@ void gs_cpu_parallel(gs_exec *ex, size_t n, size_t grain, gs_cpu_range_fn fn, vo
 
 /* Rows (or columns) per block: parts are whole blocks. 8, not 16:
  * fashion-mlp's dW1 is 784 rows, 49 blocks of 16, and the thread with 25
- * of them kept the one with 24 waiting (15-30 us a step on 2 threads); 98
- * blocks of 8 split evenly, and a part ending on an 8-row edge ran no
- * slower (the first thread's part of dW1 took as long). */
+ * of them kept the one with 24 waiting at every step; 98 blocks of 8 split
+ * evenly, and a part ending on an 8-row edge runs no slower. */
 #define GS_CPU_GEMM_BLOCK 8
 
 struct sgemm_job {
@@ -258,15 +254,13 @@ static void sgemm_part(void *ctx, size_t lo, size_t hi) {
   }
   if (beta == 0.0f) {
     /* OpenBLAS clears C for beta 0 in a pass of its own before adding A.B
-     * into it, one scalar store a float (sgemm_beta: 2% of the job thread's
-     * time in a fashion-mlp step, for the 128x256 and 128x128 input
-     * gradients). memset stores vectors, and A.B added into those zeros is
+     * into it, one scalar store a float (sgemm_beta, a visible part of the
+     * job thread's time for the input gradients). memset stores vectors, and A.B added into those zeros is
      * the same bits as after OpenBLAS's own clear (test_kernels), except
      * where an AVX-512 build of OpenBLAS would have taken its separate
      * small-matrix kernel (sgemm_direct, non-transposed beta-0 calls only),
      * whose rounding may differ: with beta 1 every call takes the packed
-     * kernel. One thread, best of 2000: 128x256x128 105 -> 97 us,
-     * 128x128x10 11.9 -> 7.8 us. */
+     * kernel. */
     for (size_t r = 0; r < m; r++)
       memset(c + r * j->ldc, 0, n * sizeof(float));
     beta = 1.0f;
@@ -407,9 +401,8 @@ static int cpu_device_memory(gs_backend *b, int device_index, uint64_t *total,
  * MADV_HUGEPAGE: Linux then backs it with huge pages even where transparent
  * huge pages are "madvise" only (Debian's default). A training step walks
  * its weights, gradients and optimizer state (fashion-mlp: 3.8 MB) several
- * times; on 4 KiB pages its rate swung more with the machine's load
- * (135,000-144,000 samples/s on 2 threads, against 140,700-143,800 on huge
- * pages, interleaved runs of gpushare-run). The unaligned head and tail of
+ * times, and on 4 KiB pages the TLB misses of those walks make its rate
+ * swing with the machine's load. The unaligned head and tail of
  * the larger mapping go straight back. */
 #define GS_CPU_HUGE_PAGE ((size_t)2 << 20)
 
@@ -553,15 +546,16 @@ static int cpu_timer_stop(gs_exec *ex, double *seconds) {
   return 0;
 }
 
-/* Bytes below which zeroing stays on the job's thread: a step zeroes its
- * gradients (fashion-mlp: 0.9 MB, 24 us alone, 20 us split). */
+/* Bytes below which zeroing stays on the job's thread: a memset of a
+ * step's gradients (fashion-mlp: 0.9 MB) gains little from a split, which
+ * must first hand the range to a worker. */
 #define GS_CPU_BYTES_GRAIN ((size_t)128 << 10)
 
 static void zero_part(void *ctx, size_t lo, size_t hi) { memset((char *)ctx + lo, 0, hi - lo); }
 
 /* A copy stays one memmove on the job's thread: what it copies was mostly
  * just written there, and split, the other half crossed to the worker's
- * core first (fashion-mlp's 400 KB batch: 17 us alone, 27-40 us split). */
+ * core first, which costs more than the copy. */
 static int cpu_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
   (void)ex;
   if (bytes)

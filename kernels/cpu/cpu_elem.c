@@ -78,7 +78,7 @@ GS_CPU_HOT static void relu_bwd_part(void *ctx, size_t lo, size_t hi) {
 GS_IVDEP
     for (size_t i = lo; i < hi; i++) {
       /* Both loads unconditional, so the select vectorises (a load under
-       * the condition kept this loop scalar: 6% of a MobileNet step). */
+       * the condition kept this loop scalar). */
       float dv = d[i], ov = o[i];
       g[i] = ov > 0.0f ? dv : 0.0f;
     }
@@ -134,7 +134,7 @@ static void xent_part(void *ctx, size_t lo, size_t hi) {
         arg = c;
       }
     /* Each exponential is taken once: it waits in dlogits for the sum
-     * (expf was most of this op, which was 1% of a fashion-mlp step). */
+     * (expf is most of this op). */
     float *d = j->dlogits ? j->dlogits + i * k : NULL;
     const float xlab = x[lab] - mx; /* read before d is written */
     float sum = 0.0f;
@@ -158,8 +158,8 @@ static void xent_part(void *ctx, size_t lo, size_t hi) {
 }
 
 /* Rows a part of the loss should have at least, as exponentials: 10-class
- * logits of a 128 batch split in two (the op ran on the job's thread while
- * its workers waited: 7 us of a 0.9 ms fashion-mlp step). */
+ * logits of a 128 batch split in two, rather than run on the job's thread
+ * while its workers wait. */
 #define GS_CPU_XENT_GRAIN 512u
 
 int gs_cpu_xent(gs_exec *ex, float *loss, int32_t *pred, float *dlogits, const float *logits,
@@ -325,16 +325,15 @@ GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
   const struct adam_job *j = ctx;
   /* restrict and local scalars: the stores to w, m and v may not alias the
    * job's fields, so the loop vectorises (sqrtf inlines with -fno-math-errno,
-   * kernels/CMakeLists.txt); before, it ran scalar and took a fifth of an
-   * MLP step. */
+   * kernels/CMakeLists.txt); scalar, it would be a large part of an MLP
+   * step. */
   float *restrict w = j->w, *restrict m = j->m, *restrict v = j->v, *restrict g = j->g;
   const float lr = j->lr, b1 = j->b1, b2 = j->b2, eps = j->eps, wd = j->wd;
   const float cwd = j->decoupled ? 0.0f : wd, dwd = j->decoupled ? lr * wd : 0.0f;
   /* lr * (m / bc1) / (sqrt(v / bc2) + eps), arranged as PyTorch's Adam does
    * but with one division where it has two: the bias corrections are
-   * per-step constants, and the divider was what bounded this loop (three
-   * divisions and a square root per element took 80 us of a 1 ms
-   * fashion-mlp step on two threads). The same value up to rounding. */
+   * per-step constants, and the divider is what bounds this loop. The same
+   * value up to rounding. */
   const float step = lr / j->bc1, inv_sqrt_bc2 = 1.0f / sqrtf(j->bc2);
   for (size_t i = lo; i < hi; i++) {
     float wi = w[i];

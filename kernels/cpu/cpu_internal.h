@@ -65,16 +65,16 @@ void gs_cpu_sgemm(gs_exec *ex, bool trans_a, bool trans_b, size_t m, size_t n, s
                   float beta, float *c, size_t ldc);
 
 /* Multiply-adds (M*N*K) a part of gs_cpu_sgemm has at least; a smaller
- * GEMM runs on the calling thread. A part of 2^16 is 1.5 us of OpenBLAS at
- * 90 GFLOP/s; a spinning worker starts on a posted range within 0.2 us.
- * It was 2^19, which kept fashion-mlp's 128x128 -> 10 head (164,000) on
- * one thread: 7.6 us there, 3.9 us a half. */
+ * GEMM runs on the calling thread. A part of 2^16 still takes OpenBLAS
+ * several times as long as a spinning worker needs to start on a posted
+ * range, so even a small layer such as fashion-mlp's 128x128 -> 10 head
+ * (164,000) is split. */
 #define GS_CPU_GEMM_GRAIN ((size_t)1 << 16)
 
 /* Multiply-adds under which a layer's two backward GEMMs run side by side,
  * one on each of two threads (gs_cpu_linear_backward), rather than each
- * split over the threads in turn: fashion-mlp's 128x10 head, one of those
- * (dx) alone 10 us on a thread. */
+ * split over the threads in turn: each is too small to split well and the
+ * two are independent (fashion-mlp's 128x10 head). */
 #define GS_CPU_GEMM_PAIR_MAX ((size_t)1 << 19)
 
 /* gs_cpu_sgemm on the calling thread only: for a part of a parallel range,
@@ -153,9 +153,9 @@ typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 
 /* fp32 dense layers on mostly-zero inputs (cpu_sparse.c): the forward and
  * the weight gradient spend a multiply-add on each nonzero input only.
- * Taken when the input holds at most MAX_DENSITY nonzeros (by the
- * prototype's timings on fashion-mlp's first layer, the forward would
- * break even with OpenBLAS at about 0.63, the gradient at 0.66) and its
+ * Taken when the input holds at most MAX_DENSITY nonzeros (below the
+ * density at which the path breaks even with OpenBLAS on fashion-mlp's
+ * first layer, forward and gradient alike) and its
  * first 8 rows at most PROBE_DENSITY (a cheap first look that turns a
  * plainly dense input away before it is listed), for layers of at least
  * MIN_MACS multiply-adds (N * C * OC). */

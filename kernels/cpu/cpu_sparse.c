@@ -6,14 +6,10 @@
  * (out = in . w + b) and its weight gradient (dw += in^T . dout) spend a
  * multiply-add on every element of `in`, zero or not; here they spend one
  * on each nonzero only. fashion-mlp's first layer (128 x 784 -> 256, 49%
- * nonzero) is 80% of its step's multiply-adds; in a training step on 2
- * threads the path takes 7% off the step when the host is quiet (p10
- * 0.929x the dense path's over 17 runs, one process switching paths every
- * 8 steps) and costs about 1% in its slow stretches (docs/operations.md,
- * Benchmarks). `bench_kernels` prints the layer alone against the dense
- * GEMMs: at best 0.87-0.93x (forward) and 0.84-0.85x (weight gradient) of
- * their time on one thread, listing included, with the medians even on a
- * busy host.
+ * nonzero) is 80% of its step's multiply-adds, so the path halves most of
+ * a step's arithmetic. `bench_kernels` prints the layer on this path
+ * against the dense GEMMs, listing included (its figures are in
+ * tests/bench/RESULTS.md).
  *
  * How: the nonzeros of `in` are listed once per call (forward: by row, for
  * each sample the pixels that are not 0; weight gradient: by column, for
@@ -48,8 +44,9 @@
  * GS_CPU_SPARSE_MAX_DENSITY nonzeros. Its first 8 rows are counted first,
  * to turn a plainly dense input away before listing it, but against the
  * looser GS_CPU_SPARSE_PROBE_DENSITY: 8 images vary too much to judge a
- * batch by (at 0.55, 17% of random Fashion-MNIST batches would be turned
- * away by their first 8 images, though none of them is over 0.55 whole).
+ * batch by (at the whole batch's threshold, many random Fashion-MNIST
+ * batches would be turned away by their first 8 images, though none of
+ * them is over it whole).
  * That is decided per
  * call from the data alone, never from a part of the split, so the same
  * data always takes the same path on any thread count. Anything else runs
@@ -76,9 +73,7 @@ _Atomic uint64_t gs_cpu_sparse_calls;
  * second pass over dw, 800 KB in fashion-mlp's first layer). For the
  * forward, 64 rows (16 KB, all of it in L1 beside the lists) made a list's
  * run through a block half as long, and the block's loop and its
- * accumulators' loads and stores cost more than the L1 saved: in a
- * training step 128 took 4-8% off the layer's forward (377 vs 392, 379 vs
- * 399, 300 vs 325 us; one process switching every 8 steps). */
+ * accumulators' loads and stores cost more than the L1 saved. */
 #define SP_NB 64
 #define SP_KB 128
 
@@ -307,9 +302,7 @@ struct tile_job {
 /* Rows [k0, k0 + kn) of d's columns [n0, n0 + w) into pk (32-byte
  * aligned), rows SP_NB apart, zeros after column w. A whole tile's row is
  * copied in registers, with the row 8 ahead asked for: a memcpy call a row
- * and the strided rows' misses made the forward's copy of w 40-50 us of a
- * step (both threads, a busy hour), 30-37 us this way, and the step's p10
- * and median each 1% shorter over four in-process A/B runs. */
+ * paid a call per row and a cache miss on each strided row. */
 SP_AVX2 static void pack_rows(float *pk, const float *d, size_t ldd, size_t k0, size_t kn,
                               size_t n0, size_t w) {
   if (w == SP_NB) {

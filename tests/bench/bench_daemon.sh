@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_daemon.sh: what gpushared costs a job, how four vdevs of one device
-# add up, and how the control plane holds up under many clients (issue 7).
+# add up, and how the control plane holds up under many clients.
 #
 #   overhead  the same job through the daemon (one vdev, compute 100 on the
 #             cpu device, `gpuctl submit --watch`) and through gpushare-run
@@ -26,8 +26,11 @@
 # rates move with the other load, and the CPU-time figures printed beside
 # them are the ones to read. Every daemon, job and temporary directory it
 # made is gone when it exits, however it exits. bench_load is taken from
-# BUILD_DIR (client/bench_load) when CMake built it, else compiled here
-# against BUILD_DIR's libgsclient.a.
+# BUILD_DIR (bin/bench_load) when CMake built it, else compiled here
+# against BUILD_DIR's libgsclient.a. Each part that completes replaces its
+# own section of tests/bench/RESULTS.md (bench_daemon.overhead, .vdevs,
+# .load; results.sh) with the summary it printed; GS_BENCH_RECORD=0
+# prints only.
 #
 # usage: tests/bench/bench_daemon.sh [BUILD_DIR] [overhead|vdevs|load|all]
 #   BUILD_DIR defaults to build/. Environment, with defaults:
@@ -52,10 +55,11 @@ LOAD_CLIENTS=${LOAD_CLIENTS:-64}
 LOAD_ROUNDS=${LOAD_ROUNDS:-2}
 PY=${PY:-/usr/bin/python3}
 FIG="$PY $here/bench_daemon.py"
+. "$here/results.sh"
 
-GPUSHARED=$build/daemon/gpushared
-GPUCTL=$build/client/gpuctl
-RUN=$build/daemon/train/gpushare-run
+GPUSHARED=$build/bin/gpushared
+GPUCTL=$build/bin/gpuctl
+RUN=$build/bin/gpushare-run
 for b in "$GPUSHARED" "$GPUCTL" "$RUN"; do
   [ -x "$b" ] || { echo "bench_daemon: $b not built (cmake --build $build)" >&2; exit 1; }
 done
@@ -228,8 +232,12 @@ part_overhead() {
     echo "{\"round\": $r, \"side\": \"daemon\", \"cpu_s\": $(calc "$c1 - $c0"), ${out#\{}" >>"$T/overhead.jsonl"
   done
   stop_daemon
-  $FIG overhead "$T/overhead.jsonl"
-  echo "job: 784-256-128-10 MLP, batch $BATCH, Adam, $OV_EXAMPLES synthetic 28x28 examples, $OV_EPOCHS epochs (rates over epochs 2..$OV_EPOCHS); $threads threads both sides; $ROUNDS rounds, run/daemon alternating"
+  {
+    $FIG overhead "$T/overhead.jsonl"
+    echo "job: 784-256-128-10 MLP, batch $BATCH, Adam, $OV_EXAMPLES synthetic 28x28 examples, $OV_EPOCHS epochs (rates over epochs 2..$OV_EPOCHS); $threads threads both sides; $ROUNDS rounds, run/daemon alternating"
+  } | tee "$T/overhead.table"
+  gs_bench_record bench_daemon.overhead "bench_daemon.sh overhead: one job through gpushared and through gpushare-run" \
+    "$T/overhead.table" "ROUNDS=$ROUNDS OV_EPOCHS=$OV_EPOCHS OV_EXAMPLES=$OV_EXAMPLES"
   echo
 }
 
@@ -288,20 +296,23 @@ part_vdevs() {
     for t in 1 2 3 4; do ctl vdev delete "q$t-0" >/dev/null || die "vdev delete q$t-0"; done
   done
   stop_daemon
-  $FIG vdevs "$T/vdevs.jsonl"
-  echo "job: the overhead part's MLP on 60000 synthetic examples, batch $BATCH; windows of ${VDEV_SECONDS} s after every job has stepped for ${SETTLE_SECONDS} s, $VDEV_ROUNDS rounds single/four alternating; steps from one gpuctl metrics snapshot at each end"
+  {
+    $FIG vdevs "$T/vdevs.jsonl"
+    echo "job: the overhead part's MLP on 60000 synthetic examples, batch $BATCH; windows of ${VDEV_SECONDS} s after every job has stepped for ${SETTLE_SECONDS} s, $VDEV_ROUNDS rounds single/four alternating; steps from one gpuctl metrics snapshot at each end"
+  } | tee "$T/vdevs.table"
+  gs_bench_record bench_daemon.vdevs "bench_daemon.sh vdevs: four vdevs of compute 25 against one of compute 100" \
+    "$T/vdevs.table" "VDEV_ROUNDS=$VDEV_ROUNDS VDEV_SECONDS=$VDEV_SECONDS SETTLE_SECONDS=$SETTLE_SECONDS"
   echo
 }
 
 # ------------------------------------------------------------------- load ---
 bench_load_bin() { # the load generator: built by CMake, else built here
   local b
-  for b in "$build/client/bench_load" "$build/tests/bench/bench_load"; do
-    [ -x "$b" ] && { echo "$b"; return 0; }
-  done
+  b=$build/bin/bench_load
+  [ -x "$b" ] && { echo "$b"; return 0; }
   b=$T/bench_load
   # shellcheck disable=SC2046
-  cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -I"$src/client" -I"$src/common" -I"$build/proto" \
+  cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -I"$src" -I"$src/client" -I"$src/common" -I"$build/proto" \
     -o "$b" "$here/bench_load.c" "$build/client/libgsclient.a" "$build/proto/libgsproto.a" \
     "$build/common/libgscommon.a" $(pkg-config --libs libprotobuf-c) -pthread >&2 || return 1
   echo "$b"
@@ -352,9 +363,13 @@ PY
   local warns; warns=$(grep -c -E '\b(warn|error)\b' "$DLOG")
   stop_daemon
   echo "-- summary"
-  cat "$T/load.txt"
-  echo "rss_kB, fds: gpushared (the control plane) before->after the round; daemon_req: requests the daemon counted in the round (gpushare_requests_total, less the metrics call that read it); cpu_us/r: gpushared's CPU time per request"
-  echo "daemon log lines with warn/error: $warns; clients: roles 0:0 and 4300 with group 100 (admins) status+list+metrics, tenants 4201, 4202 status+list; $LOAD_CLIENTS connections, one call at a time each"
+  {
+    cat "$T/load.txt"
+    echo "rss_kB, fds: gpushared (the control plane) before->after the round; daemon_req: requests the daemon counted in the round (gpushare_requests_total, less the metrics call that read it); cpu_us/r: gpushared's CPU time per request"
+    echo "daemon log lines with warn/error: $warns; clients: roles 0:0 and 4300 with group 100 (admins) status+list+metrics, tenants 4201, 4202 status+list; $LOAD_CLIENTS connections, one call at a time each"
+  } | tee "$T/load.table"
+  gs_bench_record bench_daemon.load "bench_daemon.sh load: $LOAD_CLIENTS clients against one gpushared" \
+    "$T/load.table" "LOAD_SECONDS=$LOAD_SECONDS LOAD_CLIENTS=$LOAD_CLIENTS LOAD_ROUNDS=$LOAD_ROUNDS"
   echo
 }
 

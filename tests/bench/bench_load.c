@@ -1,7 +1,7 @@
 /*
  * bench_load.c: many concurrent clients against one gpushared, through
  * libgpushare (gs_client.h), for a fixed time; the load part of
- * tests/bench/bench_daemon.sh (issue 7).
+ * tests/bench/bench_daemon.sh.
  *
  * Each client is one thread with its own connection, which it keeps for the
  * whole run and uses for one call at a time, as gpuctl does. Clients are

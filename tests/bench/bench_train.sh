@@ -5,7 +5,7 @@
 # Prints, per example, training samples/s of both, their ratio, and both test
 # accuracies. A benchmark, never a test: nothing here is asserted in ctest.
 #
-# usage: tests/bench/bench_train.sh [BUILD_DIR]
+# usage: tests/bench/bench_train.sh [BUILD_DIR]     (BUILD_DIR: build/)
 #   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" ROUNDS=1
 #   SEEDS="" TORCH_START=gpushare to change
 #   the run. ROUNDS=N runs both sides N times, alternating, and takes each
@@ -23,6 +23,8 @@
 # own draw instead.
 # PyTorch: Debian's python3-torch (/usr/bin/python3 -c 'import torch'); without
 # it only gpushare's numbers are printed.
+# At the end the table replaces the bench_train section of
+# tests/bench/RESULTS.md (results.sh; GS_BENCH_RECORD=0: print only).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -36,12 +38,13 @@ SEEDS=${SEEDS:-}
 PROTOC=${PROTOC:-protoc}
 PY=${PY:-/usr/bin/python3}
 TORCH_START=${TORCH_START:-gpushare}
-run=$build/daemon/train/gpushare-run
+run=$build/bin/gpushare-run
 [ -x "$run" ] || { echo "bench_train: $run not built (cmake --build $build --target gpushare-run gs_examples)" >&2; exit 1; }
 have_torch=0
 if "$PY" -c 'import torch' 2>/dev/null; then have_torch=1; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
+. "$here/results.sh"
 
 jget() { # jget FILE KEY: a number from the last line's JSON object
   tail -n 1 "$1" | "$PY" -c "import json,sys; v=json.load(sys.stdin).get('$2'); print('nan' if v is None else v)"
@@ -61,7 +64,7 @@ if [ -n "$SEEDS" ] && [ "$nseeds" = 0 ]; then
   echo "bench_train: SEEDS is set but names no seed" >&2; exit 2
 fi
 : > "$tmp/seeds"
-printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch
+printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch | tee "$tmp/table"
 for m in $MODELS; do
   [ -f "$build/examples/fashion-$m.pb" ] || { echo "bench_train: $build/examples/fashion-$m.pb missing" >&2; exit 1; }
   ms=""
@@ -111,13 +114,17 @@ for m in $MODELS; do
   else
     pt_sps=n/a; pt_acc=n/a; ratio=n/a
   fi
-  printf '%-10s %14.0f %14s %8s %10.4f %10s\n' "$m" "$gs_sps" "$pt_sps" "$ratio" "$gs_acc" "$pt_acc"
+  printf '%-10s %14.0f %14s %8s %10.4f %10s\n' "$m" "$gs_sps" "$pt_sps" "$ratio" "$gs_acc" "$pt_acc" | tee -a "$tmp/table"
 done
-if [ -n "$SEEDS" ]; then
-  echo "accuracies: the mean over seeds $SEEDS; each seed's:"
-  cat "$tmp/seeds"
-fi
-[ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
-best="best of $ROUNDS round(s) each"
-[ -n "$SEEDS" ] && best="best of $((ROUNDS * nseeds)) runs each ($ROUNDS round(s) x $nseeds seeds)"
-echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, $best; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
+{
+  if [ -n "$SEEDS" ]; then
+    echo "accuracies: the mean over seeds $SEEDS; each seed's:"
+    cat "$tmp/seeds"
+  fi
+  [ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
+  best="best of $ROUNDS round(s) each"
+  [ -n "$SEEDS" ] && best="best of $((ROUNDS * nseeds)) runs each ($ROUNDS round(s) x $nseeds seeds)"
+  echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, $best; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
+} | tee -a "$tmp/table"
+gs_bench_record bench_train "bench_train.sh: gpushare-run against PyTorch" "$tmp/table" \
+  "EPOCHS=$EPOCHS THREADS=$THREADS MAX_STEPS=$MAX_STEPS MODELS=\"$MODELS\" ROUNDS=$ROUNDS SEEDS=\"$SEEDS\" TORCH_START=$TORCH_START"

@@ -25,8 +25,8 @@ import os
 
 # Debian's torch calls OpenBLAS (libblas.so.3) from inside its own OpenMP
 # threads; left alone, OpenBLAS starts a thread per visible core as well and
-# the two oversubscribe the CPU (measured on the MLP, 2 threads: 12k samples/s
-# with OPENBLAS_NUM_THREADS=2, 38k with 1). The peer gets its best setting.
+# the two oversubscribe the CPU, which slows the MLP severalfold. One
+# OpenBLAS thread is the peer's best setting, and it gets it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
