@@ -100,7 +100,7 @@ def init_glorot(model):
 
 
 # ---- gpushare's own start: the same initial weights and the same data order
-# (daemon/train/data.c and train.c), so that two runs differ only in their
+# (runtime/data.c and train.c), so that two runs differ only in their
 # arithmetic and their accuracies can be read against each other after even
 # one epoch, when a different draw of either moves a small net by points.
 
@@ -172,7 +172,7 @@ GS_LAYERS = {"mlp": [(1, None), (2, None), (3, None)],
 
 
 def init_gpushare(model, name, seed):
-    """init_params of daemon/train/train.c: Glorot-uniform kernels from one
+    """init_params of runtime/train.c: Glorot-uniform kernels from one
     stream per layer position, zero biases; gpushare's layouts (dense (C, OC),
     conv (KH, KW, C, F), depthwise (KH, KW, C)) moved into PyTorch's."""
     import numpy as np

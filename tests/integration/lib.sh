@@ -110,8 +110,7 @@ PROTO=${GS_SOURCE_DIR:-$HERE/../..}/proto
 export GS_PROTO_DIR=$PROTO
 # A job (text format, no vdev or name) that runs until cancelled: long by its
 # size, 20 million steps of a 64-256-4 net, hours on any machine, not by a
-# step count that faster steps would finish (a million steps of a 64-16-4
-# net were once 15 s here, and became shorter than the tests using them).
+# step count that faster kernels would finish before the tests using it.
 LONG_JOB='model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 4 } } } train { synthetic { examples: 65536 seed: 1 classes: 4 } } batch_size: 32 epochs: 10000'
 # need_protoc: a test that encodes jobs skips (77) where protoc is missing.
 need_protoc() { command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }; }

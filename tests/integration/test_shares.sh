@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compute shares between vdevs of one device, through the daemon: two
 # tenants' vdevs with compute shares 75 and 25 run the same job on the cpu
-# device; while both run, their step rates must be 3:1 within 15% (issue 5),
+# device; while both run, their step rates must be 3:1 within 15%,
 # and the device time the executor charged them 3:1 as well. The rates are a
 # ratio of two jobs measured over the same seconds, so a slow or loaded
 # machine slows both alike; under ASan+UBSan the ratio is printed, not

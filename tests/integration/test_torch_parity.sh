@@ -4,7 +4,7 @@
 # start, the same Glorot-uniform weights drawn from the spec's seed and the
 # same data order (torch_ref.py --start gpushare), so whatever differs is
 # arithmetic: the mean training loss of the first steps agrees to 1e-4
-# relative (measured: 7 digits), and so do the test loss and accuracy after
+# relative, and so do the test loss and accuracy after
 # them. Where gpushare's init, data order, forward, backward, loss, Adam or
 # learning-rate schedule parted from PyTorch's, the losses would part at the
 # first or second step by far more; a PyTorch run from its own draw
