@@ -7,15 +7,18 @@
 #     build-gpu-bundle/, or $GS_GPU_BUNDLE) into a private prefix with
 #     dpkg-deb -x (ar + tar where dpkg-deb is missing); without a bundle the
 #     cpu reference uses tests/gpu/fallback/ref_blas.c;
-#  2. builds the GPU-only CMake project tests/gpu/ (cpu reference backend,
-#     the CUDA plugin, the vdev allocator, gpu_tests, bench_gpu);
+#  2. builds gpushare's own CMake project for a bare GPU host
+#     (GS_CONTROL=OFF: common/, kernels/ with the CUDA plugin, runtime/;
+#     GS_GPU_CHECKS=ON: gpu_tests and bench_gpu), the same libraries
+#     gpushared links;
 #  3. runs gpu_tests: every op against the cpu op in fp32/fp16/bf16, the
 #     50-step MLP trajectory, two vdevs on one GPU (over-quota OOM vs a job
 #     that finishes); then, where compute-sanitizer exists, a memcheck pass
 #     over the layer ops;
 #  4. runs the GPU benchmark (tests/bench/bench_gpu.sh): gpushare vs
 #     PyTorch eager on a bf16 MLP of 4 x 8192, batch 8192, and the ratio.
-# Everything goes to $OUT/gpu-check.log (or ./gpu-check.log). Each stage
+# Everything goes to $OUT/gpu-check.log (or ./gpu-check.log), and
+# tests/bench/RESULTS.md with the benchmark's section to $OUT/RESULTS.md. Each stage
 # has its own time limit, the whole well under 8 minutes. Exit 0 only when
 # the build and gpu_tests passed (the benchmark reports, never fails).
 set -uo pipefail
@@ -50,7 +53,7 @@ if ls "$bundle"/*.deb >/dev/null 2>&1; then
       (t=$(mktemp -d) && cd "$t" && ar x "$f" && tar -xf data.tar.* -C "$prefix" && rm -rf "$t")
     fi || echo "check.sh: could not unpack $f"
   done
-  cmake_blas=(-DGS_PREFIX="$prefix")
+  cmake_blas=(-DGS_BLAS_PREFIX="$prefix" -DCMAKE_PREFIX_PATH="$prefix/usr")
   # for gpushare's programs only (libopenblas finds libgfortran through it);
   # PyTorch runs without it, on its own libraries
   blas_libs="$prefix/usr/lib/x86_64-linux-gnu/openblas-pthread:$prefix/usr/lib/x86_64-linux-gnu"
@@ -68,32 +71,32 @@ cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 arch=()
 case $cap in [0-9][0-9]|[0-9][0-9][0-9]) arch=(-DGS_CUDA_ARCHS="$cap-real") ;; esac
 echo "CUDA architectures: ${arch[*]:-the plugin default}"
-configure() { timeout 120 cmake -S tests/gpu -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${arch[@]}" "$@" >/tmp/gs-gpu-cmake.log 2>&1 || { cat /tmp/gs-gpu-cmake.log; return 1; }; grep "gpushare GPU" /tmp/gs-gpu-cmake.log; }
+configure() { timeout 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGS_CONTROL=OFF -DGS_TESTS=OFF -DGS_GPU_CHECKS=ON "${arch[@]}" "$@" >/tmp/gs-gpu-cmake.log 2>&1 || { cat /tmp/gs-gpu-cmake.log; return 1; }; grep "gskernels:" /tmp/gs-gpu-cmake.log; }
 rm -rf "$build"
 if ! configure "${cmake_blas[@]}"; then
   echo "check.sh: configure failed"; exit 1
 fi
-if ! timeout 240 cmake --build "$build" -j"$jobs"; then
+if ! timeout 240 cmake --build "$build" -j"$jobs" --target gpu_tests bench_gpu; then
   echo "check.sh: build failed"; exit 1
 fi
-if ours ldd "$build/gpu_tests" | grep -q "not found"; then
+if ours ldd "$build/bin/gpu_tests" | grep -q "not found"; then
   echo "check.sh: the bundled OpenBLAS does not load here; rebuilding on the fallback GEMM"
-  ours ldd "$build/gpu_tests" | grep "not found"
+  ours ldd "$build/bin/gpu_tests" | grep "not found"
   rm -rf "$build"
   blas_libs=
-  configure -DGS_REF_BLAS=ON && timeout 240 cmake --build "$build" -j"$jobs" || { echo "check.sh: build failed"; exit 1; }
+  configure -DGS_REF_BLAS=ON && timeout 240 cmake --build "$build" -j"$jobs" --target gpu_tests bench_gpu || { echo "check.sh: build failed"; exit 1; }
 fi
 echo "built in $(( $(date +%s) - t0 )) s"
 export GS_CUDA_PLUGIN=$build/kernels/cuda/libgskernels_cuda.so
 
 stage "gpu_tests"
-ours timeout 240 "$build/gpu_tests"
+ours timeout 240 "$build/bin/gpu_tests"
 tests_rc=$?
 [ $tests_rc -eq 124 ] && echo "check.sh: gpu_tests ran past 240 s"
 
 if command -v compute-sanitizer >/dev/null; then
   stage "compute-sanitizer memcheck (layer ops)"
-  ours timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast
+  ours timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/bin/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast
   san_rc=$?
   case $san_rc in
     0) echo "memcheck: clean" ;;
@@ -103,7 +106,10 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 stage "benchmark"
-GS_BENCH_LD_LIBRARY_PATH="$blas_libs" timeout 200 bash tests/bench/bench_gpu.sh "$build/bench_gpu" || echo "check.sh: benchmark did not finish"
+GS_BENCH_LD_LIBRARY_PATH="$blas_libs" timeout 200 bash tests/bench/bench_gpu.sh "$build/bin/bench_gpu" || echo "check.sh: benchmark did not finish"
+
+# bench_gpu.sh wrote its section of tests/bench/RESULTS.md: bring it back
+[ -n "${OUT:-}" ] && cp tests/bench/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null
 
 stage "summary"
 if [ $tests_rc -eq 0 ]; then echo "GPU checks passed"; else echo "GPU checks FAILED ($tests_rc)"; fi
