@@ -43,7 +43,7 @@ size_t gs_cuda_lt_workspace = (size_t)4 << 20;
 
 /* ---- the checker ---- */
 
-int gs_cuda__check(cudaError_t e, const char *what, const char *file, int line) {
+int gs_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
   if (e == cudaSuccess)
     return 0;
   /* A failed call is also the thread's "last error" until someone reads it;
@@ -55,7 +55,7 @@ int gs_cuda__check(cudaError_t e, const char *what, const char *file, int line) 
   return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
 }
 
-int gs_cuda__check_lt(cublasStatus_t s, const char *what, const char *file, int line) {
+int gs_cuda_check_lt(cublasStatus_t s, const char *what, const char *file, int line) {
   if (s == CUBLAS_STATUS_SUCCESS)
     return 0;
   fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what,

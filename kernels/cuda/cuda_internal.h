@@ -65,11 +65,11 @@ struct gs_exec {
 extern size_t gs_cuda_lt_workspace;
 
 /* ---- the checker ---- */
-int gs_cuda__check(cudaError_t e, const char *what, const char *file, int line);
-int gs_cuda__check_lt(cublasStatus_t s, const char *what, const char *file, int line);
-#define GS_CU(call) gs_cuda__check((call), #call, __FILE__, __LINE__)
-#define GS_LT(call) gs_cuda__check_lt((call), #call, __FILE__, __LINE__)
-#define GS_LAUNCHED(name) gs_cuda__check(cudaGetLastError(), name, __FILE__, __LINE__)
+int gs_cuda_check(cudaError_t e, const char *what, const char *file, int line);
+int gs_cuda_check_lt(cublasStatus_t s, const char *what, const char *file, int line);
+#define GS_CU(call) gs_cuda_check((call), #call, __FILE__, __LINE__)
+#define GS_LT(call) gs_cuda_check_lt((call), #call, __FILE__, __LINE__)
+#define GS_LAUNCHED(name) gs_cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
 
 /* Make ex's device current on the calling thread (jobs of several devices
  * may share a thread pool). */
