@@ -105,7 +105,7 @@ out=$("$ROOT/usr/bin/gpushared" --version 2>&1)
   || fail "gpushared --version said \"$out\", want \"gpushared $VERSION\""
 rc=0; out=$("$ROOT/usr/bin/gpuctl" --version 2>&1) || rc=$?
 if [ "$rc" -eq 2 ] && [[ "$out" == *"unknown option --version"* ]]; then
-  echo "note - gpuctl has no --version option (client/gpuctl.c); checking --help instead"
+  echo "note - gpuctl has no --version option (client/main.c); checking --help instead"
   expect_ok "gpuctl --help" "$ROOT/usr/bin/gpuctl" --help
 elif [ "$rc" -eq 0 ] && [[ "$out" == *"$VERSION"* ]]; then
   pass "gpuctl --version: $out"

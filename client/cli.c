@@ -1,0 +1,153 @@
+/*
+ * cli.c: what gpuctl's commands share to talk to a person and the daemon:
+ * the messages (usage errors, local failures, what the daemon refused),
+ * the strict parsing of argument values (sizes through gs_size_parse,
+ * integers strictly decimal and range-checked), the connection to the
+ * daemon and the one-call-one-answer path most commands take (cli_simple).
+ */
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli.h"
+#include "client/client.h"
+#include "client/gpuctl.h"
+#include "client/pbjson.h"
+#include "common/size.h"
+
+/* ------------------------------------------------------------ messages --- */
+
+int cli_usage_error(const gpuctl_cli *x, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "gpuctl: %s%s", x->cmd ? x->cmd->name : "", x->cmd ? ": " : "");
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\nTry 'gpuctl %s%s--help'.\n", x->cmd ? x->cmd->name : "", x->cmd ? " " : "");
+  return GPUCTL_EXIT_USAGE;
+}
+
+/* A local failure (a file that cannot be read, a spec that does not parse). */
+int cli_fail(const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "gpuctl: ");
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return GPUCTL_EXIT_FAIL;
+}
+
+/* What the daemon refused, or why talking to it failed. */
+int cli_report(int rc, const gs_err *e) {
+  if (rc == GS_CLIENT_REFUSED) {
+    fprintf(stderr, "gpuctl: %s: %s", gs_code_name(e->code), e->msg);
+    if (e->field[0]) fprintf(stderr, " (field: %s)", e->field);
+    fputc('\n', stderr);
+  } else {
+    fprintf(stderr, "gpuctl: %s\n", e->msg[0] ? e->msg : strerror(-rc));
+  }
+  return GPUCTL_EXIT_FAIL;
+}
+
+int cli_connect(gpuctl_cli *x) {
+  if (x->c) return 0;
+  gs_err e = {0};
+  const char *path = x->socket ? x->socket : gs_client_default_socket();
+  int rc = gs_client_connect(path, &x->c, &e);
+  if (rc) {
+    fprintf(stderr, "gpuctl: %s (is gpushared running? set --socket or GPUSHARE_SOCKET)\n", e.msg);
+    return GPUCTL_EXIT_FAIL;
+  }
+  return 0;
+}
+
+/* Connect if needed, make the call; on any failure print it and return 1.
+ * On a refusal *resp is still set when the daemon sent detail. */
+int cli_call(gpuctl_cli *x, Gpushare__V1__Request *req, Gpushare__V1__Response **resp) {
+  *resp = NULL;
+  if (cli_connect(x)) return GPUCTL_EXIT_FAIL;
+  gs_err e = {0};
+  int rc = gs_client_call(x->c, req, resp, &e);
+  if (rc) return cli_report(rc, &e);
+  return 0;
+}
+
+/* ------------------------------------------------------- value parsing --- */
+
+/* Strict decimal: digits only, within [min, max]. */
+int cli_parse_u64(const gpuctl_cli *x, const char *what, const char *s, uint64_t min, uint64_t max,
+                  uint64_t *out) {
+  uint64_t v = 0;
+  const char *p = s;
+  if (!*p) return cli_usage_error(x, "%s: the value is empty; expected a whole number from %" PRIu64 " to %" PRIu64, what, min, max);
+  for (; *p; p++) {
+    if (!isdigit((unsigned char)*p))
+      return cli_usage_error(x, "%s: \"%s\" is not a whole number; expected %" PRIu64 " to %" PRIu64, what, s, min, max);
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10) {
+      v = UINT64_MAX;
+      goto range;
+    }
+    v = v * 10 + d;
+  }
+  if (v < min || v > max) {
+range:
+    return cli_usage_error(x, "%s: %s is out of range; expected %" PRIu64 " to %" PRIu64, what, s, min, max);
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_parse_u32(const gpuctl_cli *x, const char *what, const char *s, uint32_t min, uint32_t max,
+                  uint32_t *out) {
+  uint64_t v;
+  int rc = cli_parse_u64(x, what, s, min, max, &v);
+  if (!rc) *out = (uint32_t)v;
+  return rc;
+}
+
+int cli_parse_size(const gpuctl_cli *x, const char *what, const char *s, uint64_t *out) {
+  gs_err e = {0};
+  if (gs_size_parse(s, out, &e)) return cli_usage_error(x, "%s: %s", what, e.msg);
+  return 0;
+}
+
+int cli_parse_job_id(const gpuctl_cli *x, const char *s, uint64_t *id) {
+  return cli_parse_u64(x, "ID", s, 1, UINT64_MAX, id);
+}
+
+/* --------------------------------------------------------------- calls --- */
+
+/* Check the result is the one asked for: a daemon that answers a different
+ * call is a bug we want to hear about, not a crash. */
+int cli_expect(Gpushare__V1__Response *r, int result_case) {
+  if ((int)r->result_case == result_case) return 0;
+  fprintf(stderr, "gpuctl: INTERNAL: gpushared answered with another call's result (case %d, expected %d)\n",
+          (int)r->result_case, result_case);
+  return GPUCTL_EXIT_FAIL;
+}
+
+/* Run one call whose answer is printed as JSON or by `human`. */
+int cli_simple(gpuctl_cli *x, Gpushare__V1__Request *req, int result_case,
+               void (*human)(gpuctl_cli *x, const Gpushare__V1__Response *r)) {
+  Gpushare__V1__Response *r;
+  int rc = cli_call(x, req, &r);
+  if (!rc) rc = cli_expect(r, result_case);
+  if (!rc) {
+    if (x->json) {
+      /* the result member of the oneof is the message to print */
+      const ProtobufCFieldDescriptor *f =
+          protobuf_c_message_descriptor_get_field(&gpushare__v1__response__descriptor, (unsigned)result_case);
+      pbjson_print(*(ProtobufCMessage *const *)((const char *)r + f->offset));
+    } else {
+      human(x, r);
+    }
+  }
+  gs_client_free_response(r);
+  return rc;
+}
+

@@ -1,0 +1,738 @@
+/*
+ * cmd_job.c: job specs and the jobs made of them: job encode and show
+ * (the text and the binary form of a spec), plan, submit, status, list,
+ * cancel, logs, fetch (a job's trained weights or checkpoint) and memory (a
+ * job's measured memory).
+ *
+ * A spec is read from a binary gpushare.v1.JobSpec; its datasets are
+ * resolved by cmd_dataset.c before it goes to the daemon. submit --watch
+ * hands the job to cmd_watch.c, and the out-of-memory report printed here
+ * for status is also what a watch prints when its job ran out of memory.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/client.h"
+#include "proto/wire.h"
+#include "client/cli.h"
+#include "client/gpuctl.h"
+#include "client/cmd_dataset.h"
+#include "client/cmd_job.h"
+#include "client/cmd_watch.h"
+#include "client/pbjson.h"
+#include "client/table.h"
+
+/* ------------------------------------------------------------- job specs --- */
+
+/* Read a whole file of at most GS_WIRE_MAX_FRAME bytes (a job spec is a few
+ * kilobytes; anything larger could not be sent anyway). malloc'd. */
+static int read_small_file(const char *path, uint8_t **out, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return cli_fail("cannot read %s: %s", path, strerror(errno));
+  uint8_t *buf = malloc(GS_WIRE_MAX_FRAME + 1);
+  size_t n = 0;
+  int rc = GPUCTL_EXIT_FAIL;
+  if (!buf) {
+    cli_fail("out of memory");
+    goto fail_fd;
+  }
+  for (;;) {
+    ssize_t k = read(fd, buf + n, GS_WIRE_MAX_FRAME + 1 - n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      cli_fail("cannot read %s: %s", path, strerror(errno));
+      goto fail_buf;
+    }
+    if (k == 0) break;
+    n += (size_t)k;
+    if (n > GS_WIRE_MAX_FRAME) {
+      cli_fail("%s is larger than %u bytes; a job spec is a few kilobytes", path, GS_WIRE_MAX_FRAME);
+      goto fail_buf;
+    }
+  }
+  *out = buf;
+  *len = n;
+  close(fd);
+  return 0;
+fail_buf:
+  free(buf);
+fail_fd:
+  close(fd);
+  return rc;
+}
+
+/* Unpack a binary JobSpec held in buf; on failure say what the file is
+ * likely to be instead (a text spec is the usual mistake). */
+static int unpack_spec(const char *path, const uint8_t *buf, size_t n, Gpushare__V1__JobSpec **out) {
+  int text = n > 0;
+  for (size_t i = 0; i < n && i < 256; i++)
+    if (!isprint(buf[i]) && !isspace(buf[i])) text = 0;
+  *out = text ? NULL : gpushare__v1__job_spec__unpack(NULL, n, buf);
+  if (*out) return 0;
+  if (text)
+    return cli_fail("%s is not a binary gpushare.v1.JobSpec (it looks like text); encode it with: "
+                "gpuctl job encode %s", path, path);
+  return cli_fail("%s is not a binary gpushare.v1.JobSpec (%zu bytes that do not decode: truncated, or "
+              "another message); encode a text spec with: gpuctl job encode JOB.txtpb", path, n);
+}
+
+/* Read a binary JobSpec (gpuctl job encode, or protoc --encode). */
+static int read_spec(const char *path, Gpushare__V1__JobSpec **out) {
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  if (read_small_file(path, &buf, &n)) return GPUCTL_EXIT_FAIL;
+  int rc = unpack_spec(path, buf, n, out);
+  free(buf);
+  return rc;
+}
+
+/* ------------------------------------------------------------ job files --- */
+
+/* A tenant writes a job as text protobuf and gpuctl turns it into the binary
+ * JobSpec that submit sends, through protoc (the reference text-format
+ * parser, with line and column in its messages) and gpushare.proto, looked
+ * up where an install or a build tree puts it. What protoc writes is
+ * decoded again with protobuf-c, the daemon's own decoder, before it is
+ * renamed into place, so a JOB.pb that exists is one the daemon can read. */
+
+/* dir of path (without the final slash) into out; "." when it has none. */
+static void dir_of(const char *path, char *out, size_t n) {
+  const char *s = strrchr(path, '/');
+  if (!s) snprintf(out, n, ".");
+  else if (s == path) snprintf(out, n, "/");
+  else snprintf(out, n, "%.*s", (int)(s - path), path);
+}
+
+/* gpushare.proto: $GPUSHARE_PROTO, beside an installed gpuctl
+ * (BIN/../share/gpushare), in the build tree (build/bin/gpuctl ->
+ * proto/), then /usr/share/gpushare. */
+static int find_proto(char *out, size_t n) {
+  const char *env = getenv("GPUSHARE_PROTO");
+  if (env && *env) {
+    if (access(env, R_OK) < 0) return cli_fail("GPUSHARE_PROTO=%s: %s", env, strerror(errno));
+    snprintf(out, n, "%s", env);
+    return 0;
+  }
+  char exe[PATH_MAX] = "", bindir[PATH_MAX] = "";
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k > 0) {
+    exe[k] = '\0';
+    dir_of(exe, bindir, sizeof bindir);
+  }
+  char cand[3][PATH_MAX + 64];
+  int nc = 0;
+  if (bindir[0]) {
+    snprintf(cand[nc++], sizeof cand[0], "%s/../share/gpushare/gpushare.proto", bindir);
+    snprintf(cand[nc++], sizeof cand[0], "%s/../../proto/gpushare.proto", bindir);
+  }
+  snprintf(cand[nc++], sizeof cand[0], "/usr/share/gpushare/gpushare.proto");
+  for (int i = 0; i < nc; i++)
+    if (access(cand[i], R_OK) == 0) {
+      snprintf(out, n, "%s", cand[i]);
+      return 0;
+    }
+  return cli_fail("cannot find gpushare.proto (looked at $GPUSHARE_PROTO, %s, %s and "
+              "/usr/share/gpushare/gpushare.proto); set GPUSHARE_PROTO to its path",
+              nc > 1 ? cand[0] : "BIN/../share/gpushare/gpushare.proto",
+              nc > 2 ? cand[1] : "BIN/../../proto/gpushare.proto");
+}
+
+/* protoc on $PATH, or an explanation of how to get it. */
+static int find_protoc(char *out, size_t n, const char *verb) {
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/bin:/bin";
+  for (const char *p = path; *p;) {
+    const char *colon = strchr(p, ':');
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    if (len > 0 && len < PATH_MAX) {
+      snprintf(out, n, "%.*s/protoc", (int)len, p);
+      if (access(out, X_OK) == 0) return 0;
+    }
+    if (!colon) break;
+    p = colon + 1;
+  }
+  fprintf(stderr, "gpuctl job %s needs protoc (Debian: apt-get install protobuf-compiler)\n", verb);
+  return GPUCTL_EXIT_FAIL;
+}
+
+/* Run protoc MODE=gpushare.v1.JobSpec with stdin from in_fd and stdout to
+ * out_fd. Its messages name "input"; they are printed naming src instead.
+ * 0 when protoc succeeded. */
+static int run_protoc(const char *mode, int in_fd, int out_fd, const char *src) {
+  char protoc[PATH_MAX + 16], proto[PATH_MAX + 64], pdir[PATH_MAX + 64];
+  if (find_protoc(protoc, sizeof protoc, !strcmp(mode, "--encode") ? "encode" : "show") || find_proto(proto, sizeof proto)) return GPUCTL_EXIT_FAIL;
+  dir_of(proto, pdir, sizeof pdir);
+  char a_mode[64], a_path[PATH_MAX + 80];
+  snprintf(a_mode, sizeof a_mode, "%s=gpushare.v1.JobSpec", mode);
+  snprintf(a_path, sizeof a_path, "--proto_path=%s", pdir);
+  char *args[] = {protoc, a_mode, a_path, (char *)gpuctl_base_name(proto), NULL};
+  int ep[2];
+  if (pipe(ep) < 0) return cli_fail("cannot run protoc: %s", strerror(errno));
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(ep[0]);
+    close(ep[1]);
+    return cli_fail("cannot run protoc: %s", strerror(errno));
+  }
+  if (pid == 0) {
+    if (dup2(in_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 || dup2(ep[1], STDERR_FILENO) < 0)
+      _exit(127);
+    close(ep[0]);
+    execv(protoc, args);
+    dprintf(STDERR_FILENO, "cannot run %s: %s\n", protoc, strerror(errno));
+    _exit(127);
+  }
+  close(ep[1]);
+  char msg[16384];
+  size_t got = 0;
+  for (;;) {
+    ssize_t k = read(ep[0], msg + got, sizeof msg - 1 - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += (size_t)k;
+    if (got == sizeof msg - 1) { /* keep draining so protoc never blocks */
+      char sink[4096];
+      while (read(ep[0], sink, sizeof sink) > 0) {}
+      break;
+    }
+  }
+  msg[got] = '\0';
+  close(ep[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  /* "input:3:7: Expected integer, got: oops" -> "job.txtpb:3:7: ..." */
+  for (char *line = msg, *next; line && *line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    if (!strcmp(line, "Failed to parse input.")) continue;
+    if (!strncmp(line, "input:", 6)) fprintf(stderr, "%s:%s\n", src, line + 6);
+    else fprintf(stderr, "%s: %s\n", src, line);
+  }
+  if (ok) return 0;
+  if (!strcmp(mode, "--encode"))
+    return cli_fail("%s does not parse as a text gpushare.v1.JobSpec; nothing was written", src);
+  return cli_fail("protoc could not print %s", src);
+}
+
+/* JOB.txtpb -> JOB.pb: the extension after the last dot is replaced. */
+static void default_pb_name(const char *in, char *out, size_t n) {
+  const char *slash = strrchr(in, '/');
+  const char *dot = strrchr(in, '.');
+  if (dot && (!slash || dot > slash + 1)) snprintf(out, n, "%.*s.pb", (int)(dot - in), in);
+  else snprintf(out, n, "%s.pb", in);
+}
+
+int gpuctl_cmd_job_encode(gpuctl_cli *x, gpuctl_parsed *p) {
+  const char *in = p->pos[0];
+  char outbuf[PATH_MAX];
+  const char *out = p->nval[0] ? p->val[0][0] : NULL;
+  if (!out) {
+    default_pb_name(in, outbuf, sizeof outbuf);
+    out = outbuf;
+  }
+  if (!strcmp(out, in)) return cli_usage_error(x, "the output would overwrite %s; name another with -o", in);
+  int in_fd = open(in, O_RDONLY | O_CLOEXEC);
+  if (in_fd < 0) return cli_fail("cannot read %s: %s", in, strerror(errno));
+  struct stat st;
+  if (fstat(in_fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    close(in_fd);
+    return cli_fail("cannot read %s: not a regular file", in);
+  }
+  /* Written beside the target and renamed at the end: a spec that does not
+   * parse leaves no output, and an older JOB.pb stays as it was. */
+  char tmp[PATH_MAX + 16];
+  if (snprintf(tmp, sizeof tmp, "%s.partXXXXXX", out) >= (int)sizeof tmp) {
+    close(in_fd);
+    return cli_fail("%s: path too long", out);
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    int err = errno;
+    close(in_fd);
+    return cli_fail("cannot write %s: %s", out, strerror(err));
+  }
+  int rc = run_protoc("--encode", in_fd, fd, in);
+  close(in_fd);
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  Gpushare__V1__JobSpec *spec = NULL;
+  if (rc) goto fail;
+  rc = read_small_file(tmp, &buf, &n);
+  if (rc) goto fail;
+  spec = gpushare__v1__job_spec__unpack(NULL, n, buf);
+  if (!spec) {
+    rc = cli_fail("protoc wrote %zu bytes for %s that protobuf-c cannot decode as a gpushare.v1.JobSpec "
+              "(is the gpushare.proto it read the daemon's?); nothing was written", n, in);
+    goto fail;
+  }
+  if (fchmod(fd, 0644) < 0 || fsync(fd) < 0) {
+    rc = cli_fail("cannot write %s: %s", out, strerror(errno));
+    goto fail;
+  }
+  if (rename(tmp, out) < 0) {
+    rc = cli_fail("cannot write %s: %s", out, strerror(errno));
+    goto fail;
+  }
+  size_t layers = spec->model ? spec->model->n_layer : 0;
+  if (x->json) {
+    pbjson j = {.f = stdout};
+    pbjson_open(&j, NULL, '{');
+    pbjson_str(&j, "file", out);
+    pbjson_u64(&j, "bytes", n);
+    pbjson_str(&j, "name", spec->name ? spec->name : "");
+    pbjson_u64(&j, "layers", layers);
+    pbjson_close(&j, '}');
+    fputc('\n', stdout);
+  } else {
+    printf("%s: %zu bytes, job \"%s\", %zu layer%s\n", out, n, spec->name ? spec->name : "", layers,
+           layers == 1 ? "" : "s");
+  }
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  free(buf);
+  close(fd);
+  return 0;
+fail:
+  if (spec) gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  free(buf);
+  close(fd);
+  unlink(tmp);
+  return rc ? rc : GPUCTL_EXIT_FAIL;
+}
+
+int gpuctl_cmd_job_show(gpuctl_cli *x, gpuctl_parsed *p) {
+  const char *path = p->pos[0];
+  uint8_t *buf = NULL;
+  size_t n = 0;
+  if (read_small_file(path, &buf, &n)) return GPUCTL_EXIT_FAIL;
+  Gpushare__V1__JobSpec *spec;
+  int rc = unpack_spec(path, buf, n, &spec);
+  free(buf);
+  if (rc) return rc;
+  if (x->json) {
+    pbjson_print(&spec->base);
+    gpushare__v1__job_spec__free_unpacked(spec, NULL);
+    return 0;
+  }
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return cli_fail("cannot read %s: %s", path, strerror(errno));
+  rc = run_protoc("--decode", fd, STDOUT_FILENO, path);
+  close(fd);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ plan --- */
+
+static void plan_print(FILE *f, const Gpushare__V1__Plan *pl) {
+  if (pl->summary && *pl->summary) {
+    fputs(pl->summary, f);
+    if (pl->summary[strlen(pl->summary) - 1] != '\n') fputc('\n', f);
+  } else {
+    table t = {0};
+    table_header(&t, 0x7f8u, (const char *const[]){"LAYER", "KIND", "OUTPUT", "PARAMS", "WEIGHTS", "MASTER",
+                                                  "GRADIENTS", "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", NULL});
+    for (size_t i = 0; i < pl->n_row; i++) {
+      const Gpushare__V1__PlanRow *r = pl->row[i];
+      table_cell(&t, "%s", r->layer ? r->layer : "");
+      table_cell(&t, "%s", r->kind ? r->kind : "");
+      table_cell(&t, "%s", r->output_shape ? r->output_shape : "");
+      table_cell(&t, "%" PRIu64, r->parameters);
+      table_cell(&t, "%s", table_fsize(r->weights_bytes));
+      table_cell(&t, "%s", table_fsize(r->master_bytes));
+      table_cell(&t, "%s", table_fsize(r->gradient_bytes));
+      table_cell(&t, "%s", table_fsize(r->optimizer_bytes));
+      table_cell(&t, "%s", table_fsize(r->activation_bytes));
+      table_cell(&t, "%s", table_fsize(r->workspace_bytes));
+      table_cell(&t, "%s", table_fsize(r->batch_bytes));
+    }
+    table_fprint(f, &t);
+  }
+  fprintf(f, "parameters: %" PRIu64 "\n", pl->parameters);
+  fprintf(f, "precision: %s, micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps\n",
+          table_precision_name(pl->precision), pl->micro_batch, pl->accumulation_steps);
+  if (pl->limit_bytes)
+    fprintf(f, "peak: %s of a %s limit: %s\n", table_fsize(pl->peak_bytes), table_fsize(pl->limit_bytes),
+            pl->fits ? "fits" : "does NOT fit");
+  else
+    fprintf(f, "peak: %s\n", table_fsize(pl->peak_bytes));
+}
+
+static void plan_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  if (r->plan_result->plan) plan_print(stdout, r->plan_result->plan);
+}
+
+int gpuctl_cmd_plan(gpuctl_cli *x, gpuctl_parsed *p) {
+  Gpushare__V1__JobSpec *spec;
+  if (read_spec(p->pos[0], &spec)) return GPUCTL_EXIT_FAIL;
+  int rc = cli_connect(x); /* before hashing: a stopped daemon is said at once */
+  if (!rc) rc = gpuctl_resolve_spec(x, spec, 0);
+  if (!rc) {
+    GPUCTL_REQ(req, plan, PLAN, Gpushare__V1__PlanRequest, GPUSHARE__V1__PLAN_REQUEST__INIT);
+    plan_msg.spec = spec;
+    if (p->nval[0]) plan_msg.vdev = (char *)p->val[0][0];
+    rc = cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT, plan_human);
+  }
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ jobs --- */
+
+int gpuctl_cmd_submit(gpuctl_cli *x, gpuctl_parsed *p) {
+  Gpushare__V1__JobSpec *spec;
+  if (read_spec(p->pos[0], &spec)) return GPUCTL_EXIT_FAIL;
+  int rc = GPUCTL_EXIT_FAIL;
+  uint64_t id = 0;
+  if (cli_connect(x)) goto out;
+  rc = gpuctl_resolve_spec(x, spec, 1);
+  if (rc) goto out;
+  GPUCTL_REQ(req, submit, SUBMIT, Gpushare__V1__SubmitRequest, GPUSHARE__V1__SUBMIT_REQUEST__INIT);
+  submit_msg.spec = spec;
+  Gpushare__V1__Response *r;
+  rc = cli_call(x, &req, &r);
+  if (rc) {
+    /* a job that does not fit is refused with the plan that says why */
+    if (r && r->plan) plan_print(stderr, r->plan);
+    gs_client_free_response(r);
+    goto out;
+  }
+  rc = cli_expect(r, GPUSHARE__V1__RESPONSE__RESULT_SUBMIT);
+  if (!rc) {
+    const Gpushare__V1__Job *j = r->submit->job;
+    id = j ? j->id : 0;
+    if (x->json) {
+      pbjson_print(&r->submit->base);
+    } else if (j) {
+      printf("job %" PRIu64 " submitted", j->id);
+      if (j->name && *j->name) printf(" (%s)", j->name);
+      printf(": vdev %s, %s", j->vdev ? j->vdev : "?", table_state_name(j->state));
+      if (j->planned_peak_bytes) printf(", planned peak %s", table_fsize(j->planned_peak_bytes));
+      if (j->micro_batch) printf(", micro-batch %" PRIu32 " x %" PRIu32, j->micro_batch, j->accumulation_steps);
+      printf("\n");
+    }
+  }
+  gs_client_free_response(r);
+  if (!rc && p->nval[0]) {
+    if (!id) rc = cli_fail("the daemon did not say which job it created; cannot watch it");
+    else {
+      fflush(stdout);
+      rc = gpuctl_watch_job(x, id);
+    }
+  }
+out:
+  gpushare__v1__job_spec__free_unpacked(spec, NULL);
+  return rc;
+}
+
+static const char *oom_cause_text(int c) {
+  switch (c) {
+    case GPUSHARE__V1__OOM_CAUSE__QUOTA: return "QUOTA: the vdev's memory limit is reached";
+    case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL: the physical device has no more memory";
+    case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION:
+      return "FRAGMENTATION: enough free bytes in total, but no free block large enough";
+    default: return table_enum_name(&gpushare__v1__oom_cause__descriptor, c);
+  }
+}
+
+/* An OomReport as a reader wants it: what could not be placed, the vdev as
+ * it stood, why, and what would fit. */
+void gpuctl_oom_print(FILE *f, const Gpushare__V1__OomReport *o) {
+  fprintf(f, "\nout of memory:\n");
+  fprintf(f, "  tensor:       layer %s, %s %s %s, %s\n", o->layer && *o->layer ? o->layer : "?",
+          o->role && *o->role ? o->role : "?", o->shape && *o->shape ? o->shape : "?",
+          o->dtype && *o->dtype ? o->dtype : "?", table_fsize(o->bytes));
+  fprintf(f, "  vdev:         %s: limit %s, in use %s, reserved %s\n", o->vdev && *o->vdev ? o->vdev : "?",
+          table_fsize(o->limit_bytes), table_fsize(o->in_use_bytes), table_fsize(o->reserved_bytes));
+  fprintf(f, "                largest free block %s, fragmentation %.1f%%\n", table_fsize(o->largest_free_bytes),
+          100.0 * o->fragmentation);
+  fprintf(f, "  cause:        %s\n", oom_cause_text(o->cause));
+  if (o->explanation && *o->explanation) fprintf(f, "  explanation:  %s\n", o->explanation);
+  for (size_t i = 0; i < o->n_suggestion; i++) {
+    const Gpushare__V1__OomSuggestion *s = o->suggestion[i];
+    fprintf(f, "  %s %s", i ? "              " : "suggestions: ", s->what ? s->what : "");
+    if (s->predicted_peak_bytes)
+      fprintf(f, " (predicted peak %s, saves %s)", table_fsize(s->predicted_peak_bytes), table_fsize(s->saving_bytes));
+    fputc('\n', f);
+  }
+}
+
+static void job_show(const Gpushare__V1__Job *j) {
+  printf("job:          %" PRIu64 "\n", j->id);
+  if (j->name && *j->name) printf("name:         %s\n", j->name);
+  printf("tenant:       %s\n", j->tenant ? j->tenant : "");
+  printf("vdev:         %s%s%s%s\n", j->vdev ? j->vdev : "", j->device && *j->device ? " (device " : "",
+         j->device && *j->device ? j->device : "", j->device && *j->device ? ")" : "");
+  printf("state:        %s%s\n", table_state_name(j->state),
+         j->cancel_requested && j->state == GPUSHARE__V1__JOB_STATE__RUNNING
+             ? " (cancel requested: stops at its next step)"
+             : "");
+  if (j->reason && *j->reason) printf("reason:       %s\n", j->reason);
+  printf("priority:     %" PRId32 "\n", j->priority);
+  printf("submitted:    %s\n", table_ftime(j->submitted_unix));
+  if (j->started_unix) printf("started:      %s\n", table_ftime(j->started_unix));
+  if (j->finished_unix) printf("finished:     %s\n", table_ftime(j->finished_unix));
+  if (j->total_steps)
+    printf("step:         %" PRIu64 " of %" PRIu64 " (%.1f%%)\n", j->step, j->total_steps,
+           100.0 * (double)j->step / (double)j->total_steps);
+  else
+    printf("step:         %" PRIu64 "\n", j->step);
+  if (j->micro_batch)
+    printf("batch:        micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps\n", j->micro_batch,
+           j->accumulation_steps);
+  if (j->spec) printf("precision:    %s\n", table_precision_name(j->spec->precision));
+  if (j->planned_peak_bytes) printf("planned peak: %s\n", table_fsize(j->planned_peak_bytes));
+  if (j->restarts) printf("restarts:     %" PRIu32 " (executor deaths it lived through)\n", j->restarts);
+  if (j->n_epoch) {
+    printf("\n");
+    table t = {0};
+    table_header(&t, 0xffu, (const char *const[]){"EPOCH", "TRAIN-LOSS", "TEST-LOSS", "TEST-ACC", "SAMPLES/S",
+                                                 "PEAK-MEM", "LOSS-SCALE", "SKIPPED", NULL});
+    for (size_t i = 0; i < j->n_epoch; i++) {
+      const Gpushare__V1__EpochMetrics *m = j->epoch[i];
+      table_cell(&t, "%" PRIu32, m->epoch);
+      table_cell(&t, "%.4f", m->train_loss);
+      table_cell(&t, "%.4f", m->test_loss);
+      table_cell(&t, "%.2f%%", 100.0 * m->test_accuracy);
+      table_cell(&t, "%.0f", m->samples_per_second);
+      table_cell(&t, "%s", table_fsize(m->peak_memory_bytes));
+      /* fp32 and bf16 epochs report a scale of 1: only fp16 has one */
+      table_cell(&t, m->has_loss_scale && m->loss_scale != 1.0f ? "%g" : "-", m->loss_scale);
+      table_cell(&t, "%" PRIu64, m->skipped_steps);
+    }
+    table_print(&t);
+  }
+  if (j->oom) gpuctl_oom_print(stdout, j->oom);
+}
+
+static void status_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  if (r->job_status->job) job_show(r->job_status->job);
+}
+
+int gpuctl_cmd_status(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, job_status, JOB_STATUS, Gpushare__V1__JobStatusRequest, GPUSHARE__V1__JOB_STATUS_REQUEST__INIT);
+  if (cli_parse_job_id(x, p->pos[0], &job_status_msg.id)) return GPUCTL_EXIT_USAGE;
+  job_status_msg.has_id = 1;
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS, status_human);
+}
+
+static void list_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  table t = {0};
+  table_header(&t, (1u << 0) | (1u << 5) | (1u << 6),
+               (const char *const[]){"ID", "NAME", "TENANT", "VDEV", "STATE", "STEP", "PEAK", "SUBMITTED", NULL});
+  for (size_t i = 0; i < r->list_jobs->n_job; i++) {
+    const Gpushare__V1__Job *j = r->list_jobs->job[i];
+    table_cell(&t, "%" PRIu64, j->id);
+    table_cell(&t, "%s", j->name && *j->name ? j->name : "-");
+    table_cell(&t, "%s", j->tenant ? j->tenant : "");
+    table_cell(&t, "%s", j->vdev ? j->vdev : "");
+    table_cell(&t, "%s", table_state_name(j->state));
+    if (j->total_steps) table_cell(&t, "%" PRIu64 "/%" PRIu64, j->step, j->total_steps);
+    else table_cell(&t, "%" PRIu64, j->step);
+    table_cell(&t, "%s", j->planned_peak_bytes ? table_fsize(j->planned_peak_bytes) : "-");
+    table_cell(&t, "%s", table_ftime(j->submitted_unix));
+  }
+  table_print(&t);
+}
+
+int gpuctl_cmd_list(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, list_jobs, LIST_JOBS, Gpushare__V1__ListJobsRequest, GPUSHARE__V1__LIST_JOBS_REQUEST__INIT);
+  if (p->nval[0]) {
+    list_jobs_msg.has_all = 1;
+    list_jobs_msg.all = 1;
+  }
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_LIST_JOBS, list_human);
+}
+
+static void cancel_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  const Gpushare__V1__Job *j = r->cancel->job;
+  if (j) printf("job %" PRIu64 ": %s%s%s\n", j->id, table_state_name(j->state), j->reason && *j->reason ? ": " : "",
+                j->reason ? j->reason : "");
+  else printf("cancel requested\n");
+}
+
+int gpuctl_cmd_cancel(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, cancel, CANCEL, Gpushare__V1__CancelRequest, GPUSHARE__V1__CANCEL_REQUEST__INIT);
+  if (cli_parse_job_id(x, p->pos[0], &cancel_msg.id)) return GPUCTL_EXIT_USAGE;
+  cancel_msg.has_id = 1;
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_CANCEL, cancel_human);
+}
+
+static void logs_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  for (size_t i = 0; i < r->logs->n_event; i++) {
+    const Gpushare__V1__JobEvent *ev = r->logs->event[i];
+    char line[1024], ts[64] = "-";
+    gpuctl_event_line(ev, line, sizeof line);
+    if (ev->time_unix_ms > 0) {
+      time_t t = (time_t)(ev->time_unix_ms / 1000);
+      struct tm tm;
+      if (localtime_r(&t, &tm)) {
+        size_t k = strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &tm);
+        snprintf(ts + k, sizeof ts - k, ".%03d", (int)(ev->time_unix_ms % 1000));
+      }
+    }
+    printf("%s  %s\n", ts, line);
+  }
+}
+
+int gpuctl_cmd_logs(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, logs, LOGS, Gpushare__V1__LogsRequest, GPUSHARE__V1__LOGS_REQUEST__INIT);
+  if (cli_parse_job_id(x, p->pos[0], &logs_msg.id)) return GPUCTL_EXIT_USAGE;
+  logs_msg.has_id = 1;
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_LOGS, logs_human);
+}
+
+int gpuctl_cmd_fetch(gpuctl_cli *x, gpuctl_parsed *p) {
+  uint64_t id;
+  if (cli_parse_job_id(x, p->pos[0], &id)) return GPUCTL_EXIT_USAGE;
+  const char *out = p->val[0][0];
+  int to_stdout = !strcmp(out, "-");
+  if (to_stdout && x->json) return cli_usage_error(x, "-o -: the download itself goes to stdout; --json has nothing to add");
+  if (cli_connect(x)) return GPUCTL_EXIT_FAIL;
+  /* Write beside the target and rename at the end, so a failed download
+   * never leaves a truncated model under the name asked for. */
+  char tmp[PATH_MAX];
+  int fd = STDOUT_FILENO;
+  if (!to_stdout) {
+    if (snprintf(tmp, sizeof tmp, "%s.partXXXXXX", out) >= (int)sizeof tmp) return cli_fail("%s: path too long", out);
+    fd = mkstemp(tmp);
+    if (fd < 0) return cli_fail("cannot write %s: %s", out, strerror(errno));
+  }
+  gs_err e = {0};
+  uint64_t total = 0;
+  int rc = gs_client_fetch(x->c, id, p->nval[1] > 0, fd, &total, &e);
+  if (rc) {
+    if (!to_stdout) {
+      close(fd);
+      unlink(tmp);
+    }
+    return cli_report(rc, &e);
+  }
+  if (!to_stdout) {
+    if (fchmod(fd, 0644) < 0 || fsync(fd) < 0 || close(fd) < 0) {
+      int err = errno;
+      unlink(tmp);
+      return cli_fail("cannot write %s: %s", out, strerror(err));
+    }
+    if (rename(tmp, out) < 0) {
+      int err = errno;
+      unlink(tmp);
+      return cli_fail("cannot write %s: %s", out, strerror(err));
+    }
+  }
+  if (x->json) {
+    pbjson j = {.f = stdout};
+    pbjson_open(&j, NULL, '{');
+    pbjson_u64(&j, "id", id);
+    pbjson_str(&j, "file", out);
+    pbjson_u64(&j, "bytes", total);
+    pbjson_bool(&j, "checkpoint", p->nval[1] > 0);
+    pbjson_close(&j, '}');
+    fputc('\n', stdout);
+  } else if (!to_stdout) {
+    printf("job %" PRIu64 ": %s written to %s (%s)\n", id, p->nval[1] ? "checkpoint" : "weights", out, table_fsize(total));
+  }
+  return GPUCTL_EXIT_OK;
+}
+
+#define CHART_ROWS 20  /* rows of the per-step chart; steps are grouped to fit */
+#define CHART_WIDTH 50 /* characters of the longest bar */
+
+/* Peak in use per step as horizontal bars, one row per group of steps (the
+ * highest peak of the group), scaled to the larger of the measured and the
+ * planned peak, with '|' where the planned peak lies. */
+static void memory_chart(const Gpushare__V1__MemoryTimeline *tl) {
+  size_t n = tl->n_step, rows = n < CHART_ROWS ? n : CHART_ROWS;
+  uint64_t top = tl->planned_peak_bytes;
+  for (size_t i = 0; i < n; i++)
+    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
+  if (!top) top = 1;
+  size_t plan_col = tl->planned_peak_bytes ? (size_t)((double)tl->planned_peak_bytes / (double)top * CHART_WIDTH) : 0;
+  if (plan_col >= CHART_WIDTH) plan_col = CHART_WIDTH - 1;
+  printf("\npeak in use by step (%s full scale", table_fsize(top));
+  if (tl->planned_peak_bytes) printf("; | is the planned peak %s", table_fsize(tl->planned_peak_bytes));
+  printf("):\n");
+  for (size_t r = 0; r < rows; r++) {
+    size_t lo = r * n / rows, hi = (r + 1) * n / rows; /* steps [lo, hi) of the list */
+    uint64_t peak = 0;
+    for (size_t i = lo; i < hi; i++)
+      if (tl->step[i]->peak_in_use_bytes > peak) peak = tl->step[i]->peak_in_use_bytes;
+    char label[48], bar[CHART_WIDTH + 1];
+    if (hi - lo == 1) snprintf(label, sizeof label, "step %" PRIu64, tl->step[lo]->step);
+    else snprintf(label, sizeof label, "steps %" PRIu64 "-%" PRIu64, tl->step[lo]->step, tl->step[hi - 1]->step);
+    size_t len = (size_t)((double)peak / (double)top * CHART_WIDTH + 0.5);
+    if (len > CHART_WIDTH) len = CHART_WIDTH;
+    for (size_t c = 0; c < CHART_WIDTH; c++) bar[c] = c < len ? '#' : ' ';
+    if (tl->planned_peak_bytes && bar[plan_col] == ' ') bar[plan_col] = '|';
+    bar[CHART_WIDTH] = '\0';
+    printf("  %-20s %s %s\n", label, bar, table_fsize(peak));
+  }
+}
+
+static void memory_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  const Gpushare__V1__MemoryTimeline *tl = r->memory->timeline;
+  if (!tl) return;
+  if (!tl->n_step && !tl->n_at_peak && !tl->peak_bytes) {
+    printf("planned peak:  %s\n", table_fsize(tl->planned_peak_bytes));
+    printf("(the measured timeline is there once the job has ended)\n");
+    return;
+  }
+  printf("measured peak: %s\n", table_fsize(tl->peak_bytes));
+  if (tl->planned_peak_bytes)
+    printf("planned peak:  %s (measured is %.1f%% of planned)\n", table_fsize(tl->planned_peak_bytes),
+           100.0 * (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
+  if (tl->n_step) memory_chart(tl);
+  if (tl->n_at_peak) {
+    printf("\nat the peak, by layer and role:\n");
+    table t = {0};
+    table_header(&t, 0x7f8u, (const char *const[]){"LAYER", "KIND", "OUTPUT", "WEIGHTS", "MASTER", "GRADIENTS",
+                                                  "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", "TOTAL", NULL});
+    uint64_t sum[8] = {0};
+    for (size_t i = 0; i < tl->n_at_peak; i++) {
+      const Gpushare__V1__PlanRow *pr = tl->at_peak[i];
+      uint64_t v[7] = {pr->weights_bytes, pr->master_bytes, pr->gradient_bytes, pr->optimizer_bytes,
+                       pr->activation_bytes, pr->workspace_bytes, pr->batch_bytes};
+      uint64_t row = 0;
+      table_cell(&t, "%s", pr->layer ? pr->layer : "");
+      table_cell(&t, "%s", pr->kind && *pr->kind ? pr->kind : "-");
+      table_cell(&t, "%s", pr->output_shape && *pr->output_shape ? pr->output_shape : "-");
+      for (int k = 0; k < 7; k++) {
+        table_cell(&t, "%s", table_fsize(v[k]));
+        sum[k] += v[k];
+        row += v[k];
+      }
+      sum[7] += row;
+      table_cell(&t, "%s", table_fsize(row));
+    }
+    table_cell(&t, "total");
+    table_cell(&t, "%s", "");
+    table_cell(&t, "%s", "");
+    for (int k = 0; k < 8; k++) table_cell(&t, "%s", table_fsize(sum[k]));
+    table_print(&t);
+  }
+}
+
+int gpuctl_cmd_memory(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, memory, MEMORY, Gpushare__V1__MemoryRequest, GPUSHARE__V1__MEMORY_REQUEST__INIT);
+  if (cli_parse_job_id(x, p->pos[0], &memory_msg.id)) return GPUCTL_EXIT_USAGE;
+  memory_msg.has_id = 1;
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_MEMORY, memory_human);
+}

@@ -1,0 +1,122 @@
+/*
+ * table.c: gpuctl's text output: the aligned table every listing prints,
+ * and the small formatters the commands share (sizes as "5.00 GiB", local
+ * times, enum names, id lists).
+ *
+ * A table is built cell by cell into memory and printed at the end, so each
+ * column is as wide as its widest cell. The formatters write into a ring of
+ * static slots, so several can appear in one printf; nothing is freed.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client.h" /* the gpushare.v1 enums */
+#include "common/size.h"
+#include "client/gpuctl.h"
+#include "client/table.h"
+
+void table_cell(table *t, const char *fmt, ...) {
+  if (t->ncells == t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 64;
+    char **nc = realloc(t->cells, cap * sizeof *nc);
+    if (!nc) {
+      fprintf(stderr, "gpuctl: out of memory\n");
+      exit(GPUCTL_EXIT_FAIL);
+    }
+    t->cells = nc;
+    t->cap = cap;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  char *s = NULL;
+  if (vasprintf(&s, fmt, ap) < 0) s = NULL;
+  va_end(ap);
+  if (!s) {
+    fprintf(stderr, "gpuctl: out of memory\n");
+    exit(GPUCTL_EXIT_FAIL);
+  }
+  t->cells[t->ncells++] = s;
+}
+
+void table_header(table *t, unsigned right, const char *const *names) {
+  t->ncols = 0;
+  t->right = right;
+  for (; names[t->ncols]; t->ncols++) table_cell(t, "%s", names[t->ncols]);
+}
+
+void table_free(table *t) {
+  for (size_t i = 0; i < t->ncells; i++) free(t->cells[i]);
+  free(t->cells);
+  t->cells = NULL;
+  t->ncells = t->cap = 0;
+}
+
+void table_fprint(FILE *f, table *t) {
+  size_t w[32] = {0};
+  for (size_t i = 0; i < t->ncells; i++) {
+    size_t n = strlen(t->cells[i]);
+    if (n > w[i % (size_t)t->ncols]) w[i % (size_t)t->ncols] = n;
+  }
+  for (size_t i = 0; i < t->ncells; i++) {
+    int col = (int)(i % (size_t)t->ncols);
+    int lastcol = col == t->ncols - 1;
+    if (t->right & (1u << col)) fprintf(f, "%*s", (int)w[col], t->cells[i]);
+    else if (lastcol) fprintf(f, "%s", t->cells[i]);
+    else fprintf(f, "%-*s", (int)w[col], t->cells[i]);
+    fputs(lastcol ? "\n" : "  ", f);
+  }
+  table_free(t);
+}
+
+void table_print(table *t) { table_fprint(stdout, t); }
+
+/* Small formatting helpers, each into its own static ring slot so several
+ * can appear in one printf. */
+static char *slot(void) {
+  static char ring[16][64];
+  static int next;
+  return ring[next++ % 16];
+}
+
+const char *table_fsize(uint64_t b) { return gs_size_format(b, slot(), 64); }
+
+const char *table_fcount_or_unlimited(uint32_t n) {
+  if (!n) return "unlimited";
+  char *s = slot();
+  snprintf(s, 64, "%" PRIu32, n);
+  return s;
+}
+
+const char *table_ftime(int64_t t) {
+  if (t <= 0) return "-";
+  char *s = slot();
+  time_t tt = (time_t)t;
+  struct tm tm;
+  if (!localtime_r(&tt, &tm) || !strftime(s, 64, "%Y-%m-%d %H:%M:%S", &tm)) return "-";
+  return s;
+}
+
+const char *table_enum_name(const ProtobufCEnumDescriptor *d, int v) {
+  const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, v);
+  if (ev) return ev->name;
+  char *s = slot();
+  snprintf(s, 64, "%d", v);
+  return s;
+}
+
+const char *table_state_name(int s) { return table_enum_name(&gpushare__v1__job_state__descriptor, s); }
+const char *table_precision_name(int s) { return table_enum_name(&gpushare__v1__precision__descriptor, s); }
+
+const char *table_ids_list(const uint32_t *v, size_t n) {
+  if (n == 0) return "-";
+  char *s = slot();
+  size_t off = 0;
+  for (size_t i = 0; i < n && off < 60; i++)
+    off += (size_t)snprintf(s + off, 64 - off, "%s%" PRIu32, i ? "," : "", v[i]);
+  if (off >= 60) strcpy(s + 56, "...");
+  return s;
+}

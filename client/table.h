@@ -1,0 +1,52 @@
+/*
+ * table.h: gpuctl's text output: an aligned table, and the small
+ * formatters its commands share (see table.c).
+ */
+#ifndef GPUCTL_TABLE_H
+#define GPUCTL_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+/* Rows of cells, printed with each column as wide as its widest cell and two
+ * spaces between columns; numeric columns are right-aligned (bit i of
+ * `right` for column i). Row 0 is the header. Start one as `table t = {0};`. */
+typedef struct table {
+  int ncols;
+  unsigned right; /* bit i: right-align column i */
+  char **cells;   /* row-major, ncols per row, row 0 the header */
+  size_t ncells, cap;
+} table;
+
+/* The header row: names up to a NULL; sets the number of columns. */
+void table_header(table *t, unsigned right, const char *const *names);
+/* The next cell, row by row. Out of memory exits 1. */
+void table_cell(table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print the table and free it. */
+void table_fprint(FILE *f, table *t);
+void table_print(table *t);
+/* Free a table that is not printed. */
+void table_free(table *t);
+
+/* The formatters return a string that stays valid for the next 15 calls
+ * (a ring of static slots), so several can appear in one printf. */
+
+/* "5.00 GiB" */
+const char *table_fsize(uint64_t b);
+/* n, or "unlimited" for 0 */
+const char *table_fcount_or_unlimited(uint32_t n);
+/* local time "YYYY-MM-DD HH:MM:SS", or "-" for none */
+const char *table_ftime(int64_t t);
+/* v's name in d, or v as a number */
+const char *table_enum_name(const ProtobufCEnumDescriptor *d, int v);
+/* a JobState's name */
+const char *table_state_name(int s);
+/* a Precision's name */
+const char *table_precision_name(int s);
+/* "1000,1001", cut with "..." when long, "-" when empty */
+const char *table_ids_list(const uint32_t *v, size_t n);
+
+#endif
