@@ -43,6 +43,8 @@
 #include "runtime/model.h"
 #include "runtime/plan.h"
 #include "common/size.h"
+#include "runtime/spec_pb.h"
+#include "present/present.h"
 #include "control/supervisor.h"
 #include "proto/wire.h"
 
@@ -920,47 +922,28 @@ static gs_alloc_policy vdev_policy(const gs_vdev *v) {
   return v->policy == GS_POLICY_GROWTH ? GS_POLICY_GROWTH : GS_POLICY_PREALLOCATE;
 }
 
-/* The plan as a message; fits is judged for a vdev of `limit` bytes and
- * `policy` (always true without a limit). */
+/* The plan as a message (runtime/spec_pb.h) with its table as summary
+ * (present/); fits is judged for a vdev of `limit` bytes and `policy`
+ * (always true without a limit). Built on the heap, then unpacked into the
+ * request's arena with the rest of the response. */
+static void *ar_pb_alloc(void *a, size_t n) { return ar_alloc(a, n); }
+static void ar_pb_free(void *a, void *p) { (void)a, (void)p; }
+
 static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
                                     gs_alloc_policy policy) {
-  Gpushare__V1__Plan *m = AR_MSG(a, Gpushare__V1__Plan, GPUSHARE__V1__PLAN__INIT);
-  if (!m) return NULL;
-  m->row = ar_alloc(a, (p->n_rows + 1) * sizeof *m->row);
-  for (size_t i = 0; m->row && i < p->n_rows; i++) {
-    const gs_plan_row *r = &p->rows[i];
-    Gpushare__V1__PlanRow *x = AR_MSG(a, Gpushare__V1__PlanRow, GPUSHARE__V1__PLAN_ROW__INIT);
-    if (!x) break;
-    x->layer = ar_strdup(a, r->layer);
-    x->kind = ar_strdup(a, r->kind);
-    x->output_shape = ar_strdup(a, r->output_shape);
-    x->has_parameters = x->has_weights_bytes = x->has_master_bytes = x->has_gradient_bytes = 1;
-    x->has_optimizer_bytes = x->has_activation_bytes = x->has_workspace_bytes = x->has_batch_bytes = 1;
-    x->parameters = r->parameters;
-    x->weights_bytes = r->bytes[GS_ROLE_WEIGHTS];
-    x->master_bytes = r->bytes[GS_ROLE_MASTER];
-    x->gradient_bytes = r->bytes[GS_ROLE_GRADIENTS];
-    x->optimizer_bytes = r->bytes[GS_ROLE_OPTIMIZER];
-    x->activation_bytes = r->bytes[GS_ROLE_ACTIVATIONS];
-    x->workspace_bytes = r->bytes[GS_ROLE_WORKSPACE];
-    x->batch_bytes = r->bytes[GS_ROLE_BATCH];
-    m->row[m->n_row++] = x;
+  Gpushare__V1__Plan *m = NULL, *out = NULL;
+  if (gs_spec_pb_plan(p, limit, policy, &m) < 0) return NULL;
+  m->summary = gs_present_plan(m);
+  size_t n = gpushare__v1__plan__get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (buf) {
+    gpushare__v1__plan__pack(m, buf);
+    ProtobufCAllocator al = {.alloc = ar_pb_alloc, .free = ar_pb_free, .allocator_data = a};
+    out = gpushare__v1__plan__unpack(&al, n, buf);
   }
-  m->has_peak_bytes = m->has_parameters = m->has_micro_batch = m->has_accumulation_steps = 1;
-  m->has_precision = m->has_limit_bytes = m->has_fits = 1;
-  m->peak_bytes = p->peak_bytes;
-  m->parameters = p->parameters;
-  m->micro_batch = p->micro_batch;
-  m->accumulation_steps = p->accumulation_steps;
-  m->precision = (Gpushare__V1__Precision)p->precision;
-  m->limit_bytes = limit;
-  m->fits = gs_plan_fits(p, limit, policy);
-  char *text = gs_plan_format(p, limit);
-  if (text) {
-    m->summary = ar_strdup(a, text);
-    free(text);
-  }
-  return m;
+  free(buf);
+  gpushare__v1__plan__free_unpacked(m, NULL);
+  return out;
 }
 
 /* The vdev a job goes to: the named one (the tenant's own), or the tenant's
@@ -1008,7 +991,11 @@ int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
     policy = vdev_policy(&v);
   }
   gs_plan p;
-  if (gs_plan_job(r->spec, device_backend(), &p, e) < 0) {
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(r->spec, &js, e);
+  if (rc == 0) rc = gs_plan_job(&js, device_backend(), &p, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
     gs_err_prefix(e, "spec");
     return -1;
   }
@@ -1051,11 +1038,15 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
                         "text",
                         *p, (size_t)(p - (const unsigned char *)spec->name) + 1);
   gs_model model;
-  if (gs_model_build(spec, &model, e) < 0) {
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(spec, &js, e);
+  if (rc == 0) rc = gs_model_build(&js, &model, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
     gs_err_prefix(e, "spec");
     return -1;
   }
-  int rc = check_datasets(d, tenant, spec, &model, e);
+  rc = check_datasets(d, tenant, spec, &model, e);
   gs_model_free(&model);
   if (rc < 0) return -1;
 
@@ -1077,8 +1068,12 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
   gs_admission adm;
   bool auto_fit = spec->has_auto_fit && spec->auto_fit;
-  if (gs_plan_admit_policy(spec, device_backend(), v.memory_limit, vdev_policy(&v), auto_fit,
-                           &adm, e) < 0) {
+  rc = gs_spec_pb_job(spec, &js, e);
+  if (rc == 0)
+    rc = gs_plan_admit_policy(&js, device_backend(), v.memory_limit, vdev_policy(&v), auto_fit,
+                              &adm, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
     gs_err_prefix(e, "spec");
     return -1;
   }

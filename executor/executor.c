@@ -73,7 +73,9 @@
 #include "proto/gpushare.pb-c.h"
 #include "common/error.h"
 #include "runtime/model.h"
+#include "runtime/oom.h"
 #include "common/size.h"
+#include "runtime/spec_pb.h"
 #include "runtime/train.h"
 #include "proto/wire.h"
 /* executor.cmake defines these where the pieces are part of the build. */
@@ -85,7 +87,6 @@
 #define STATS_INTERVAL 1.0     /* seconds between two Stats while jobs run */
 #define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
 #define FAIRSHARE_SLICE 0.05   /* see fairshare.h: device time between two switches */
-#define OOM_SUGGESTIONS 4      /* what-would-fit lines in an OOM report */
 
 enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
 
@@ -657,130 +658,24 @@ static void on_epoch(void *user, const gs_train_epoch *e) {
   send_msg(&m);
 }
 
-static const char *cause_name(gs_oom_cause c) {
-  switch (c) {
-  case GS_OOM_PHYSICAL: return "PHYSICAL";
-  case GS_OOM_FRAGMENTATION: return "FRAGMENTATION";
-  default: return "QUOTA";
+/* The job's OomReport, from the runtime's one builder (runtime/oom.h): the
+ * vdev by name and, where the device budget is shared by oversubscribed
+ * vdevs, what the device holds, so the report can say who holds it. */
+static int oom_report(const gs_job_spec *spec, const gs_train_failure *f, const vdev *v,
+                      Gpushare__V1__OomReport **out) {
+  gs_oom_where w = {.vdev = v->name};
+  if (X.budget.cap) {
+    pthread_mutex_lock(&X.budget.lock);
+    w.device_usable = X.budget.cap;
+    w.device_held = X.budget.used;
+    pthread_mutex_unlock(&X.budget.lock);
   }
-}
-
-/* What an OOM report needs besides the failure: the sentence, and what
- * would fit (the planner's suggestions), with the storage they point into. */
-typedef struct oom_text {
-  char explanation[1024];
-  Gpushare__V1__OomSuggestion sug[OOM_SUGGESTIONS], *psug[OOM_SUGGESTIONS];
-  char what[OOM_SUGGESTIONS][256];
-} oom_text;
-
-/* The planner's suggestions for the job against `budget` bytes. */
-static void oom_suggest(const Gpushare__V1__JobSpec *spec, uint64_t budget,
-                        Gpushare__V1__OomReport *o, oom_text *x) {
-  gs_plan_suggestion sg[OOM_SUGGESTIONS];
-  size_t n = 0;
+  gs_oom_report r;
   gs_err e;
   gs_err_clear(&e);
-  if (!budget || gs_plan_suggest(spec, X.b, budget, sg, OOM_SUGGESTIONS, &n, &e)) return;
-  for (size_t i = 0; i < n && i < OOM_SUGGESTIONS; i++) {
-    Gpushare__V1__OomSuggestion init = GPUSHARE__V1__OOM_SUGGESTION__INIT;
-    Gpushare__V1__OomSuggestion *s = &x->sug[i];
-    *s = init;
-    snprintf(x->what[i], sizeof x->what[i], "%s", sg[i].what);
-    s->what = x->what[i];
-    s->has_micro_batch = s->has_accumulation_steps = s->has_precision = true;
-    s->micro_batch = sg[i].micro_batch;
-    s->accumulation_steps = sg[i].accumulation_steps;
-    s->precision = (Gpushare__V1__Precision)sg[i].precision;
-    s->has_predicted_peak_bytes = s->has_saving_bytes = true;
-    s->predicted_peak_bytes = sg[i].predicted_peak_bytes;
-    s->saving_bytes = sg[i].saving_bytes;
-    x->psug[i] = s;
-    o->n_suggestion = i + 1;
-  }
-  o->suggestion = x->psug;
-}
-
-/* The OomReport of an allocation that failed at create, with a sentence an
- * ML engineer reads at a glance and, where the planner is built in, what
- * would fit: against the limit (QUOTA), the bytes the vdev did get from the
- * device (PHYSICAL), the largest free block (FRAGMENTATION). Strings point
- * into f, v and x. */
-static void oom_report(const Gpushare__V1__JobSpec *spec, const gs_train_failure *f,
-                       const vdev *v, Gpushare__V1__OomReport *o, oom_text *x) {
-  char *explanation = x->explanation;
-  size_t len = sizeof x->explanation;
-  uint64_t budget = f->why.stats.limit;
-  const gs_alloc_stats *st = &f->why.stats;
-  char lim[32], use[32], need[32], res[32], big[32], tot[32];
-  gs_size_format(st->limit, lim, sizeof lim);
-  gs_size_format(st->in_use, use, sizeof use);
-  gs_size_format(f->bytes, need, sizeof need);
-  gs_size_format(st->reserved, res, sizeof res);
-  gs_size_format(st->largest_free, big, sizeof big);
-  gs_size_format(st->total_free, tot, sizeof tot);
-  const char *role = gs_role_name(f->role);
-  const char *dt = gs_dtype_name(f->dtype);
-  switch (f->why.cause) {
-  case GS_OOM_PHYSICAL: {
-    budget = st->reserved;
-    char rest[256] = "the rest of the device is held by other vdevs or programs";
-    if (X.budget.cap) { /* the device budget says who holds what */
-      pthread_mutex_lock(&X.budget.lock);
-      uint64_t used = X.budget.used, cap = X.budget.cap;
-      pthread_mutex_unlock(&X.budget.lock);
-      uint64_t others = used > st->reserved ? used - st->reserved : 0;
-      char u[32], o[32];
-      gs_size_format(cap, u, sizeof u);
-      gs_size_format(others, o, sizeof o);
-      snprintf(rest, sizeof rest,
-               "the device's %s usable are oversubscribed (memory_oversubscribe): the other "
-               "vdevs' jobs hold %s of it; this job fits once they have ended",
-               u, o);
-    }
-    snprintf(explanation, len,
-             "the %s device has no memory left for vdev %s: it holds %s of its %s limit "
-             "(%s in use) and could not reserve more for %s's %s %s %s %s (%s); %s",
-             X.device, v->name, res, lim, use, f->layer, role, f->tensor, f->shape, dt, need,
-             rest);
-    break;
-  }
-  case GS_OOM_FRAGMENTATION:
-    budget = st->largest_free;
-    snprintf(explanation, len,
-             "vdev %s has %s free but in pieces: its largest free block is %s "
-             "(fragmentation %.0f%%), and %s's %s %s %s %s need %s in one block",
-             v->name, tot, big, st->fragmentation * 100.0, f->layer, role, f->tensor,
-             f->shape, dt, need);
-    break;
-  default: {
-    int n = snprintf(explanation, len,
-                     "vdev %s's %s limit is reached: %s are in use and %s's %s %s %s %s need "
-                     "%s more",
-                     v->name, lim, use, f->layer, role, f->tensor, f->shape, dt, need);
-    if (n > 0 && (size_t)n < len && f->bytes > st->limit)
-      snprintf(explanation + n, len - (size_t)n,
-               "; that one tensor is larger than the whole limit");
-    break;
-  }
-  }
-  o->layer = (char *)f->layer;
-  o->role = (char *)role;
-  o->shape = (char *)f->shape;
-  o->dtype = (char *)dt;
-  o->has_bytes = true;
-  o->bytes = f->bytes;
-  o->vdev = (char *)v->name;
-  o->has_limit_bytes = o->has_in_use_bytes = o->has_reserved_bytes = true;
-  o->limit_bytes = st->limit;
-  o->in_use_bytes = st->in_use;
-  o->reserved_bytes = st->reserved;
-  o->has_largest_free_bytes = o->has_fragmentation = o->has_cause = true;
-  o->largest_free_bytes = st->largest_free;
-  o->fragmentation = (float)st->fragmentation;
-  o->cause = (Gpushare__V1__OomCause)f->why.cause;
-  o->explanation = explanation;
-  oom_suggest(spec, budget, o, x);
-  logf_("vdev %s: OOM (%s): %s", v->name, cause_name(f->why.cause), explanation);
+  if (gs_oom_report_build(spec, X.b, f, &w, &r, &e)) return -1;
+  logf_("vdev %s: OOM (%s): %s", v->name, gs_oom_cause_name(r.cause), r.explanation);
+  return gs_spec_pb_oom_report(&r, out);
 }
 
 static bool file_exists(const char *p) {
@@ -804,16 +699,20 @@ static void *job_main(void *arg) {
   memset(&fail, 0, sizeof fail);
   bool done = false;
   char reason[1024] = "";
-  oom_text oom_x;
-  Gpushare__V1__OomReport oom = GPUSHARE__V1__OOM_REPORT__INIT;
+  gs_job_spec spec;
+  gs_job_spec_init(&spec);
+  Gpushare__V1__OomReport *oom = NULL;
   Gpushare__V1__MemoryTimeline *tl = NULL;
   uint64_t planned_peak = 0;
-  bool have_oom = false;
   gs_train_result res;
   memset(&res, 0, sizeof res);
   Gpushare__V1__JobState state = GPUSHARE__V1__JOB_STATE__FAILED;
   bool interrupted = false;
 
+  if (gs_spec_pb_job(s->spec, &spec, &e)) {
+    err_text(&e, reason, sizeof reason);
+    goto report;
+  }
   if (load_sets(j, &train, &test, &has_test, &e)) {
     err_text(&e, reason, sizeof reason);
     goto report;
@@ -824,7 +723,7 @@ static void *job_main(void *arg) {
     gs_plan plan;
     gs_err pe;
     gs_err_clear(&pe);
-    if (gs_plan_job(s->spec, X.b, &plan, &pe) == 0) {
+    if (gs_plan_job(&spec, X.b, &plan, &pe) == 0) {
       planned_peak = plan.peak_bytes;
       gs_plan_free(&plan);
     }
@@ -851,13 +750,10 @@ static void *job_main(void *arg) {
   /* Alone in its vdev: the peak it reports is its own, not an earlier job's. */
   if (v->running == 1) gs_alloc_reset_peak(v->alloc);
   pthread_mutex_unlock(&X.lock);
-  if (gs_train_create(s->spec, X.b, v->alloc, &train, has_test ? &test : NULL, &opt, &t, &fail,
+  if (gs_train_create(&spec, X.b, v->alloc, &train, has_test ? &test : NULL, &opt, &t, &fail,
                       &e)) {
     err_text(&e, reason, sizeof reason);
-    if (fail.oom) {
-      oom_report(s->spec, &fail, v, &oom, &oom_x);
-      have_oom = true;
-    }
+    if (fail.oom && oom_report(&spec, &fail, v, &oom)) oom = NULL;
     goto report;
   }
   if (opt.resume_path) {
@@ -884,7 +780,13 @@ static void *job_main(void *arg) {
   }
   gs_fairshare_leave(X.fs, v->slot);
   gs_train_result_get(t, &res);
-  if (gs_train_memory_timeline(t, planned_peak, &tl)) tl = NULL;
+  {
+    gs_timeline mt;
+    if (gs_train_memory_timeline(t, planned_peak, &mt) == 0) {
+      if (gs_spec_pb_timeline(&mt, &tl)) tl = NULL;
+      gs_timeline_free(&mt);
+    }
+  }
   if (rc) {
     err_text(&e, reason, sizeof reason);
   } else if (done && !res.cancelled) {
@@ -940,7 +842,7 @@ report:
   f.has_state = true;
   f.state = state;
   if (state != GPUSHARE__V1__JOB_STATE__SUCCEEDED) f.reason = reason;
-  if (have_oom) f.oom = &oom;
+  f.oom = oom;
   Gpushare__V1__EpochMetrics **pe = calloc(j->n_epochs ? j->n_epochs : 1, sizeof *pe);
   if (pe) {
     for (size_t i = 0; i < j->n_epochs; i++) pe[i] = &j->epochs[i];
@@ -971,6 +873,8 @@ report:
     logf_("job %" PRIu64 " failed: %s", j->id, reason);
   free(pe);
   if (tl) gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+  if (oom) gpushare__v1__oom_report__free_unpacked(oom, NULL);
+  gs_spec_pb_job_free(&spec);
   atomic_store(&j->done, true);
   wake_main();
   return NULL;

@@ -50,7 +50,7 @@ static bool finite_pos(float x) { return isfinite(x) && x > 0.0f; }
 static bool finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
 static bool unit_interval(float x) { return isfinite(x) && x >= 0.0f && x < 1.0f; }
 
-int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_err *e) {
+int gs_model_check_recipe(const gs_job_spec *spec, gs_recipe *r, gs_err *e) {
   memset(r, 0, sizeof *r);
   if (spec->batch_size < 1 || spec->batch_size > GS_MODEL_MAX_BATCH)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "batch_size",
@@ -75,31 +75,32 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
   r->checkpoint_every_steps = spec->checkpoint_every_steps;
 
   switch (spec->precision) {
-  case GPUSHARE__V1__PRECISION__FLOAT32: r->dtype = GS_F32; break;
-  case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: r->dtype = GS_F16; break;
-  case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: r->dtype = GS_BF16; break;
+  case GS_PRECISION_FLOAT32: r->dtype = GS_F32; break;
+  case GS_PRECISION_MIXED_FLOAT16: r->dtype = GS_F16; break;
+  case GS_PRECISION_MIXED_BFLOAT16: r->dtype = GS_BF16; break;
   default:
     return gs_err_set(e, GS_INVALID_ARGUMENT, "precision",
                       "precision %d is unknown: FLOAT32, MIXED_FLOAT16 or MIXED_BFLOAT16",
                       (int)spec->precision),
            -EINVAL;
   }
-  r->precision = (int)spec->precision;
+  r->precision = spec->precision;
 
   r->loss_scale_initial = 32768.0f;
   r->loss_scale_growth_interval = 2000;
-  if (spec->loss_scale) {
-    const Gpushare__V1__LossScale *ls = spec->loss_scale;
-    if (!finite_pos(ls->initial))
+  if (spec->has_loss_scale) {
+    if (!finite_pos(spec->loss_scale_initial))
       return gs_err_set(e, GS_INVALID_ARGUMENT, "loss_scale.initial",
-                        "loss_scale.initial %g must be finite and > 0", (double)ls->initial),
+                        "loss_scale.initial %g must be finite and > 0",
+                        (double)spec->loss_scale_initial),
              -EINVAL;
-    if (ls->growth_interval < 1)
+    if (spec->loss_scale_growth_interval < 1)
       return gs_err_set(e, GS_INVALID_ARGUMENT, "loss_scale.growth_interval",
-                        "loss_scale.growth_interval %u must be >= 1", ls->growth_interval),
+                        "loss_scale.growth_interval %u must be >= 1",
+                        spec->loss_scale_growth_interval),
              -EINVAL;
-    r->loss_scale_initial = ls->initial;
-    r->loss_scale_growth_interval = ls->growth_interval;
+    r->loss_scale_initial = spec->loss_scale_initial;
+    r->loss_scale_growth_interval = spec->loss_scale_growth_interval;
   }
 
   /* Defaults of gpushare.v1.Adam when no optimizer is given. */
@@ -108,9 +109,9 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
   r->beta1 = 0.9f;
   r->beta2 = 0.999f;
   r->epsilon = 1e-7f;
-  const Gpushare__V1__Optimizer *o = spec->optimizer;
-  if (o && o->kind_case == GPUSHARE__V1__OPTIMIZER__KIND_SGD) {
-    const Gpushare__V1__Sgd *s = o->sgd;
+  const gs_spec_optimizer *o = spec->has_optimizer ? &spec->optimizer : NULL;
+  if (o && o->kind == GS_OPTIMIZER_SGD) {
+    const gs_spec_sgd *s = &o->sgd;
     if (!finite_pos(s->learning_rate))
       return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.sgd.learning_rate",
                         "learning_rate %g must be finite and > 0", (double)s->learning_rate),
@@ -133,8 +134,8 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
     r->nesterov = s->nesterov;
     r->weight_decay = s->weight_decay;
     r->optimizer_slots = s->momentum > 0.0f ? 1 : 0;
-  } else if (o && o->kind_case == GPUSHARE__V1__OPTIMIZER__KIND_ADAM) {
-    const Gpushare__V1__Adam *a = o->adam;
+  } else if (o && o->kind == GS_OPTIMIZER_ADAM) {
+    const gs_spec_adam *a = &o->adam;
     if (!finite_pos(a->learning_rate))
       return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.adam.learning_rate",
                         "learning_rate %g must be finite and > 0", (double)a->learning_rate),
@@ -161,17 +162,16 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
     r->epsilon = a->epsilon;
     r->weight_decay = a->weight_decay;
     r->decoupled = a->decoupled;
-  } else if (o && o->kind_case != GPUSHARE__V1__OPTIMIZER__KIND__NOT_SET) {
+  } else if (o && o->kind != GS_OPTIMIZER_NONE) {
     return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer",
-                      "optimizer kind %d is unknown: sgd or adam", (int)o->kind_case),
+                      "optimizer kind %d is unknown: sgd or adam", (int)o->kind),
            -EINVAL;
   }
   if (r->adam) r->optimizer_slots = 2;
-  r->lr_schedule = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT;
-  if (o && o->schedule) {
-    const Gpushare__V1__LearningRateSchedule *ls = o->schedule;
-    if (ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT &&
-        ls->kind != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE)
+  r->lr_schedule = GS_LR_CONSTANT;
+  if (o && o->has_schedule) {
+    const gs_spec_schedule *ls = &o->schedule;
+    if (ls->kind != GS_LR_CONSTANT && ls->kind != GS_LR_COSINE)
       return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.kind",
                         "schedule kind %d is unknown: CONSTANT or COSINE", (int)ls->kind),
              -EINVAL;
@@ -183,7 +183,7 @@ int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_er
       return gs_err_set(e, GS_INVALID_ARGUMENT, "optimizer.schedule.warmup_steps",
                         "warmup_steps %u is over 100000000", ls->warmup_steps),
              -EINVAL;
-    r->lr_schedule = (int)ls->kind;
+    r->lr_schedule = ls->kind;
     r->lr_warmup_steps = ls->warmup_steps;
     r->lr_final_fraction = ls->final_fraction;
   }
@@ -194,7 +194,7 @@ float gs_recipe_learning_rate(const gs_recipe *r, uint64_t step, uint64_t total)
   double lr = r->learning_rate;
   uint64_t w = r->lr_warmup_steps;
   if (w && step < w) return (float)(lr * (double)(step + 1) / (double)w);
-  if (r->lr_schedule != GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE) return (float)lr;
+  if (r->lr_schedule != GS_LR_COSINE) return (float)lr;
   double span = total > w + 1 ? (double)(total - w - 1) : 1.0;
   double p = (double)(step - w) / span;
   if (p > 1.0) p = 1.0;
@@ -264,7 +264,7 @@ static int check_window(lctx *c, const char *sub_k, const char *sub_s, uint32_t 
   return 0;
 }
 
-static int build_dense(lctx *c, gs_layer *l, const Gpushare__V1__Dense *d) {
+static int build_dense(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   char s[48];
   if (l->in.rank != 1)
     return lerr(c, "dense", "dense needs a flat input but gets %s from the layer before: add a "
@@ -273,11 +273,10 @@ static int build_dense(lctx *c, gs_layer *l, const Gpushare__V1__Dense *d) {
   if (d->units < 1 || d->units > GS_MODEL_MAX_DIM)
     return lerr(c, "dense.units", "units %u is out of range: from 1 to %u", d->units,
                 GS_MODEL_MAX_DIM);
-  if (d->activation != GPUSHARE__V1__ACTIVATION__NONE &&
-      d->activation != GPUSHARE__V1__ACTIVATION__RELU)
+  if (d->activation != GS_ACTIVATION_NONE && d->activation != GS_ACTIVATION_RELU)
     return lerr(c, "dense.activation", "activation %d is unknown: NONE or RELU",
                 (int)d->activation);
-  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->relu = d->activation == GS_ACTIVATION_RELU;
   l->units = d->units;
   l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = d->units};
   l->n_params = 2;
@@ -290,18 +289,18 @@ static int build_dense(lctx *c, gs_layer *l, const Gpushare__V1__Dense *d) {
 
 static int check_activation_padding(lctx *c, const char *kind, int act, int pad) {
   char f[64];
-  if (act != GPUSHARE__V1__ACTIVATION__NONE && act != GPUSHARE__V1__ACTIVATION__RELU) {
+  if (act != GS_ACTIVATION_NONE && act != GS_ACTIVATION_RELU) {
     snprintf(f, sizeof f, "%s.activation", kind);
     return lerr(c, f, "activation %d is unknown: NONE or RELU", act);
   }
-  if (pad != GPUSHARE__V1__PADDING__SAME && pad != GPUSHARE__V1__PADDING__VALID) {
+  if (pad != GS_PADDING_SAME && pad != GS_PADDING_VALID) {
     snprintf(f, sizeof f, "%s.padding", kind);
     return lerr(c, f, "padding %d is unknown: SAME or VALID", pad);
   }
   return 0;
 }
 
-static int build_conv2d(lctx *c, gs_layer *l, const Gpushare__V1__Conv2D *d) {
+static int build_conv2d(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   int rc;
   if ((rc = need_image(c, "conv2d"))) return rc;
   if ((rc = check_activation_padding(c, "conv2d", d->activation, d->padding))) return rc;
@@ -309,9 +308,9 @@ static int build_conv2d(lctx *c, gs_layer *l, const Gpushare__V1__Conv2D *d) {
     return lerr(c, "conv2d.filters", "filters %u is out of range: from 1 to %u", d->filters,
                 GS_MODEL_MAX_DIM);
   if ((rc = check_window(c, "conv2d.kernel_size", "conv2d.stride", d->kernel_size, d->stride,
-                         d->padding == GPUSHARE__V1__PADDING__SAME, "kernel")))
+                         d->padding == GS_PADDING_SAME, "kernel")))
     return rc;
-  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->relu = d->activation == GS_ACTIVATION_RELU;
   l->units = d->filters;
   l->out.c = d->filters;
   l->n_params = 2;
@@ -322,16 +321,16 @@ static int build_conv2d(lctx *c, gs_layer *l, const Gpushare__V1__Conv2D *d) {
   return 0;
 }
 
-static int build_depthwise(lctx *c, gs_layer *l, const Gpushare__V1__DepthwiseConv2D *d) {
+static int build_depthwise(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   int rc;
   if ((rc = need_image(c, "depthwise_conv2d"))) return rc;
   if ((rc = check_activation_padding(c, "depthwise_conv2d", d->activation, d->padding)))
     return rc;
   if ((rc = check_window(c, "depthwise_conv2d.kernel_size", "depthwise_conv2d.stride",
                          d->kernel_size, d->stride,
-                         d->padding == GPUSHARE__V1__PADDING__SAME, "kernel")))
+                         d->padding == GS_PADDING_SAME, "kernel")))
     return rc;
-  l->relu = d->activation == GPUSHARE__V1__ACTIVATION__RELU;
+  l->relu = d->activation == GS_ACTIVATION_RELU;
   l->units = l->in.c;
   l->out.c = l->in.c;
   l->n_params = 2;
@@ -343,7 +342,7 @@ static int build_depthwise(lctx *c, gs_layer *l, const Gpushare__V1__DepthwiseCo
   return 0;
 }
 
-static int build_maxpool(lctx *c, gs_layer *l, const Gpushare__V1__MaxPool2D *d) {
+static int build_maxpool(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   int rc;
   if ((rc = need_image(c, "max_pool2d"))) return rc;
   uint32_t stride = d->has_stride && d->stride ? d->stride : d->pool_size;
@@ -372,17 +371,16 @@ static int check_name(lctx *c, const char *name) {
   return 0;
 }
 
-int gs_model_build(const Gpushare__V1__JobSpec *spec, gs_model *m, gs_err *e) {
+int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
   int rc;
   memset(m, 0, sizeof *m);
   if (!spec)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "", "the job has no spec"), -EINVAL;
   if ((rc = gs_model_check_recipe(spec, &m->recipe, e))) return rc;
-  const Gpushare__V1__Model *pm = spec->model;
-  if (!pm)
+  if (!spec->has_model)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model", "the job has no model"), -EINVAL;
-  const Gpushare__V1__InputShape *in = pm->input;
-  if (!in)
+  const gs_spec_input *in = &spec->input;
+  if (!spec->has_input)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
                       "the model has no input {height width channels}"),
            -EINVAL;
@@ -409,40 +407,32 @@ int gs_model_build(const Gpushare__V1__JobSpec *spec, gs_model *m, gs_err *e) {
                       (unsigned long long)gs_shape_elements(&m->input),
                       (unsigned long long)GS_MODEL_MAX_ELEMENTS),
            -EINVAL;
-  if (pm->n_layer < 1 || pm->n_layer > GS_MODEL_MAX_LAYERS)
+  if (spec->n_layers < 1 || spec->n_layers > GS_MODEL_MAX_LAYERS)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
-                      "the model has %zu layers: from 1 to %u", pm->n_layer,
+                      "the model has %zu layers: from 1 to %u", spec->n_layers,
                       GS_MODEL_MAX_LAYERS),
            -EINVAL;
 
-  m->layers = calloc(pm->n_layer, sizeof *m->layers);
+  m->layers = calloc(spec->n_layers, sizeof *m->layers);
   if (!m->layers)
     return gs_err_set(e, GS_INTERNAL, "model.layer", "out of host memory for %zu layers",
-                      pm->n_layer),
+                      spec->n_layers),
            -ENOMEM;
-  m->n_layers = (uint32_t)pm->n_layer;
+  m->n_layers = (uint32_t)spec->n_layers;
   uint32_t per_kind[GS_LAYER_KIND_COUNT] = {0};
   gs_shape cur = m->input;
   m->max_elements = gs_shape_elements(&cur);
   for (uint32_t i = 0; i < m->n_layers; i++) {
-    const Gpushare__V1__Layer *pl = pm->layer[i];
+    const gs_spec_layer *pl = &spec->layers[i];
     gs_layer *l = &m->layers[i];
     lctx c = {.e = e, .l = l};
     snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
     l->index = i;
     l->in = cur;
     l->out = cur;
-    switch (pl->kind_case) {
-    case GPUSHARE__V1__LAYER__KIND_DENSE: l->kind = GS_LAYER_DENSE; break;
-    case GPUSHARE__V1__LAYER__KIND_CONV2D: l->kind = GS_LAYER_CONV2D; break;
-    case GPUSHARE__V1__LAYER__KIND_DEPTHWISE_CONV2D: l->kind = GS_LAYER_DEPTHWISE_CONV2D; break;
-    case GPUSHARE__V1__LAYER__KIND_MAX_POOL2D: l->kind = GS_LAYER_MAX_POOL2D; break;
-    case GPUSHARE__V1__LAYER__KIND_GLOBAL_AVERAGE_POOLING2D:
-      l->kind = GS_LAYER_GLOBAL_AVERAGE_POOLING2D;
-      break;
-    case GPUSHARE__V1__LAYER__KIND_FLATTEN: l->kind = GS_LAYER_FLATTEN; break;
-    case GPUSHARE__V1__LAYER__KIND_RELU: l->kind = GS_LAYER_RELU; break;
-    default:
+    if ((unsigned)pl->kind < GS_LAYER_KIND_COUNT) {
+      l->kind = pl->kind;
+    } else {
       gs_err_set(e, GS_INVALID_ARGUMENT, c.path,
                  "layer[%u] has no kind: one of dense, conv2d, depthwise_conv2d, max_pool2d, "
                  "global_average_pooling2d, flatten, relu",
@@ -457,10 +447,10 @@ int gs_model_build(const Gpushare__V1__JobSpec *spec, gs_model *m, gs_err *e) {
       snprintf(l->name, sizeof l->name, "%s_%u", gs_layer_kind_name(l->kind), per_kind[l->kind]);
     }
     switch (l->kind) {
-    case GS_LAYER_DENSE: rc = build_dense(&c, l, pl->dense); break;
-    case GS_LAYER_CONV2D: rc = build_conv2d(&c, l, pl->conv2d); break;
-    case GS_LAYER_DEPTHWISE_CONV2D: rc = build_depthwise(&c, l, pl->depthwise_conv2d); break;
-    case GS_LAYER_MAX_POOL2D: rc = build_maxpool(&c, l, pl->max_pool2d); break;
+    case GS_LAYER_DENSE: rc = build_dense(&c, l, pl); break;
+    case GS_LAYER_CONV2D: rc = build_conv2d(&c, l, pl); break;
+    case GS_LAYER_DEPTHWISE_CONV2D: rc = build_depthwise(&c, l, pl); break;
+    case GS_LAYER_MAX_POOL2D: rc = build_maxpool(&c, l, pl); break;
     case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
       rc = need_image(&c, "global_average_pooling2d");
       l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = cur.c};

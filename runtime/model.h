@@ -1,7 +1,7 @@
 /*
  * model.h: a job's model as gpushare understands it, before any memory exists.
  *
- * gs_model_build() reads a gpushare.v1.JobSpec, validates the whole recipe
+ * gs_model_build() reads a job spec (spec.h), validates the whole recipe
  * (model, batch, accumulation, epochs, optimizer, precision, loss scale) and
  * turns the repeated Layer into a flat, sequential list with every shape
  * inferred: for each layer its kind, its name, its input and output shape
@@ -32,8 +32,8 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "runtime/spec.h"
 
 /* Limits the validator enforces (and documents in its messages). */
 #define GS_MODEL_MAX_LAYERS 1000u
@@ -44,17 +44,6 @@
 #define GS_MODEL_MAX_KERNEL 64u      /* kernel_size / pool_size */
 #define GS_MODEL_MAX_ELEMENTS (1ull << 31) /* per-example elements of one tensor */
 #define GS_MODEL_NAME_MAX 64
-
-typedef enum gs_layer_kind {
-  GS_LAYER_DENSE = 0,
-  GS_LAYER_CONV2D,
-  GS_LAYER_DEPTHWISE_CONV2D,
-  GS_LAYER_MAX_POOL2D,
-  GS_LAYER_GLOBAL_AVERAGE_POOLING2D,
-  GS_LAYER_FLATTEN,
-  GS_LAYER_RELU,
-  GS_LAYER_KIND_COUNT
-} gs_layer_kind;
 
 /* One example's tensor shape, batch excluded. rank 3: (h, w, c) NHWC image;
  * rank 1: (c) flat features, with h = w = 1 so h*w*c is always the count. */
@@ -94,7 +83,7 @@ typedef struct gs_recipe {
   uint32_t epochs;
   uint64_t max_steps;          /* optimizer steps; 0 = no limit */
   uint64_t seed;
-  int precision;               /* Gpushare__V1__Precision */
+  gs_precision precision;
   gs_dtype dtype;              /* activation / working-weight storage type */
   bool adam;                   /* Adam/AdamW (true) or SGD */
   float learning_rate;
@@ -103,7 +92,7 @@ typedef struct gs_recipe {
   bool nesterov;               /* SGD */
   float weight_decay;
   bool decoupled;              /* AdamW */
-  int lr_schedule;             /* Gpushare__V1__LearningRateSchedule__Kind */
+  gs_lr_schedule lr_schedule;
   uint32_t lr_warmup_steps;    /* linear warm-up, then the schedule */
   float lr_final_fraction;     /* COSINE: the last step's rate / learning_rate */
   uint32_t optimizer_slots;    /* fp32 state tensors per parameter: 0, 1 or 2 */
@@ -132,7 +121,7 @@ typedef struct gs_model {
  * fills *m (free with gs_model_free) and returns 0; on an invalid spec
  * returns -EINVAL with e filled (code INVALID_ARGUMENT, field, message).
  * Datasets are not opened here: see gs_model_check_dataset. */
-int gs_model_build(const Gpushare__V1__JobSpec *spec, gs_model *m, gs_err *e);
+int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e);
 void gs_model_free(gs_model *m);
 
 /* Check that a dataset of examples (h, w, c) with `classes` labels can feed
@@ -144,9 +133,9 @@ int gs_model_check_dataset(const gs_model *m, const char *which, uint32_t h, uin
 
 /* Validate the scalar recipe alone (batch, accumulation, epochs, precision,
  * optimizer, loss scale) and resolve its defaults into *r; gs_model_build
- * calls it. An absent optimizer means Adam with its proto defaults
+ * calls it. An absent optimizer means Adam with its JobSpec defaults
  * (learning rate 1e-3, betas 0.9/0.999, epsilon 1e-7). */
-int gs_model_check_recipe(const Gpushare__V1__JobSpec *spec, gs_recipe *r, gs_err *e);
+int gs_model_check_recipe(const gs_job_spec *spec, gs_recipe *r, gs_err *e);
 
 /* Convolution/pool geometry of layer l for a batch of n (conv, depthwise,
  * max pool only). */

@@ -23,12 +23,10 @@
  * only when it lowers the peak (it adds fp32 masters, so a model whose
  * parameters dominate needs MORE memory in mixed precision).
  *
- * OOM reports. gs_plan_oom_report turns a gs_train_failure into the
- * gpushare.v1.OomReport the daemon stores and gpushare-run prints (one
- * builder, so both say the same), with the cause worded for an ML engineer
- * and what would fit: for QUOTA against the vdev's limit, for PHYSICAL
- * against what the vdev could actually reserve, for FRAGMENTATION against
- * the largest free block.
+ * What people read (the plan table, OOM reports, the memory chart) is not
+ * here: runtime/oom.c builds the OOM report from the planner's suggestions,
+ * runtime/spec_pb.c turns plans and reports into messages and present/
+ * writes them as text.
  */
 #include "runtime/plan.h"
 
@@ -103,26 +101,7 @@ static void sb_json_str(sb *s, const char *v) {
 
 static const char *sz(uint64_t bytes, char *buf) { return gs_size_format(bytes, buf, 32); }
 
-static const char *precision_name(int p) {
-  switch (p) {
-  case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: return "mixed_float16";
-  case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: return "mixed_bfloat16";
-  default: return "float32";
-  }
-}
-
-/* "1,234,567" */
-static const char *grouped(uint64_t v, char *buf, size_t len) {
-  char raw[32];
-  int n = snprintf(raw, sizeof raw, "%" PRIu64, v);
-  size_t o = 0;
-  for (int i = 0; i < n && o + 2 < len; i++) {
-    if (i && (n - i) % 3 == 0) buf[o++] = ',';
-    buf[o++] = raw[i];
-  }
-  buf[o] = '\0';
-  return buf;
-}
+static const char *precision_name(gs_precision p) { return gs_precision_name(p); }
 
 /* ------------------------------------------------------------- planning --- */
 
@@ -150,15 +129,12 @@ static int plan_one(void *u, const gs_train_buffer *bf) {
 }
 
 /* The size of the last, partial test micro-batch, where the spec tells it. */
-static uint32_t eval_remainder(const Gpushare__V1__JobSpec *spec, uint32_t micro) {
-  const Gpushare__V1__Dataset *te = spec->test;
-  if (!te || te->source_case != GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC || !te->synthetic ||
-      micro == 0)
-    return 0;
-  return (uint32_t)(te->synthetic->examples % micro);
+static uint32_t eval_remainder(const gs_job_spec *spec, uint32_t micro) {
+  if (spec->test.source != GS_DATASET_SYNTHETIC || micro == 0) return 0;
+  return (uint32_t)(spec->test.examples % micro);
 }
 
-int gs_plan_job(const Gpushare__V1__JobSpec *spec, const gs_backend *b, gs_plan *out,
+int gs_plan_job(const gs_job_spec *spec, const gs_backend *b, gs_plan *out,
                 gs_err *e) {
   gs_model m;
   memset(out, 0, sizeof *out);
@@ -259,23 +235,20 @@ bool gs_plan_fits(const gs_plan *p, uint64_t limit, gs_alloc_policy policy) {
 
 /* A copy of spec with the micro-batch, accumulation and precision replaced
  * (shallow: it points into spec's sub-messages). */
-static Gpushare__V1__JobSpec variant(const Gpushare__V1__JobSpec *spec, uint32_t micro,
-                                     uint32_t accum, int precision) {
-  Gpushare__V1__JobSpec v = *spec;
-  v.has_batch_size = true;
+static gs_job_spec variant(const gs_job_spec *spec, uint32_t micro, uint32_t accum,
+                           gs_precision precision) {
+  gs_job_spec v = *spec;
   v.batch_size = micro;
-  v.has_accumulation_steps = true;
   v.accumulation_steps = accum;
-  v.has_precision = true;
-  v.precision = (Gpushare__V1__Precision)precision;
+  v.precision = precision;
   return v;
 }
 
 /* Plan of a variant into *p; false when the variant is not a valid job
  * (accumulation out of bounds). */
-static bool variant_plan(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                         uint32_t micro, uint32_t accum, int precision, gs_plan *p) {
-  Gpushare__V1__JobSpec v = variant(spec, micro, accum, precision);
+static bool variant_plan(const gs_job_spec *spec, const gs_backend *b,
+                         uint32_t micro, uint32_t accum, gs_precision precision, gs_plan *p) {
+  gs_job_spec v = variant(spec, micro, accum, precision);
   gs_err e;
   gs_err_clear(&e);
   return gs_plan_job(&v, b, p, &e) == 0;
@@ -284,8 +257,8 @@ static bool variant_plan(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
 /* The largest micro-batch dividing `eff` whose plan fits `limit` (0: none).
  * Divisors are tried from the largest down; `below` (when > 0) skips those
  * >= below. */
-static uint32_t largest_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                            uint64_t eff, int precision, uint64_t limit, gs_alloc_policy pol,
+static uint32_t largest_fit(const gs_job_spec *spec, const gs_backend *b,
+                            uint64_t eff, gs_precision precision, uint64_t limit, gs_alloc_policy pol,
                             uint32_t below, uint64_t *peak, gs_plan *keep) {
   uint64_t start = eff < GS_MODEL_MAX_BATCH ? eff : GS_MODEL_MAX_BATCH;
   if (below && start >= below) start = below - 1;
@@ -308,94 +281,7 @@ static uint32_t largest_fit(const Gpushare__V1__JobSpec *spec, const gs_backend 
   return 0;
 }
 
-/* ------------------------------------------------------------- the table --- */
-
-/* "stem (conv2d)"; a generated name (dense_1) already says its kind. */
-static void row_name(const gs_plan_row *row, bool job, char *buf, size_t len) {
-  size_t k = strlen(row->kind);
-  if (job)
-    snprintf(buf, len, "job");
-  else if (!strncmp(row->layer, row->kind, k) && row->layer[k] == '_')
-    snprintf(buf, len, "%s", row->layer);
-  else
-    snprintf(buf, len, "%s (%s)", row->layer, row->kind);
-}
-
-char *gs_plan_format(const gs_plan *p, uint64_t limit) {
-  sb s = {0};
-  char a[32], bb[32], g[40];
-  bool col[GS_ROLE_COUNT] = {0};
-  for (int r = 0; r < GS_ROLE_COUNT; r++) col[r] = p->by_role[r] > 0;
-  /* Column widths: the layer column fits its longest name. */
-  int wl = 14, ws = 12;
-  for (size_t i = 0; i < p->n_rows; i++) {
-    char name[160];
-    row_name(&p->rows[i], i + 1 == p->n_rows, name, sizeof name);
-    int n = (int)strlen(name);
-    if (n > wl) wl = n;
-    int k = (int)strlen(p->rows[i].output_shape);
-    if (k > ws) ws = k;
-  }
-  const int wn = 12, wb = 11;
-  int width = wl + 1 + ws + 1 + wn;
-  sb_printf(&s, "%-*s %-*s %*s", wl, "Layer", ws, "Output shape", wn, "Param #");
-  for (int r = 0; r < GS_ROLE_COUNT; r++)
-    if (col[r]) {
-      sb_printf(&s, " %*s", wb, gs_role_name((gs_role)r));
-      width += wb + 1;
-    }
-  sb_printf(&s, " %*s\n", wb, "total");
-  width += wb + 1;
-  char rule[512];
-  int rw = width < (int)sizeof rule - 1 ? width : (int)sizeof rule - 1;
-  memset(rule, '=', (size_t)rw);
-  rule[rw] = '\0';
-  sb_printf(&s, "%s\n", rule);
-  for (size_t i = 0; i < p->n_rows; i++) {
-    const gs_plan_row *row = &p->rows[i];
-    char name[160];
-    row_name(row, i + 1 == p->n_rows, name, sizeof name);
-    uint64_t tot = 0;
-    for (int r = 0; r < GS_ROLE_COUNT; r++) tot += row->bytes[r];
-    sb_printf(&s, "%-*s %-*s %*s", wl, name, ws, row->output_shape, wn,
-              i + 1 == p->n_rows ? "" : grouped(row->parameters, g, sizeof g));
-    for (int r = 0; r < GS_ROLE_COUNT; r++)
-      if (col[r]) sb_printf(&s, " %*s", wb, row->bytes[r] ? sz(row->bytes[r], a) : "-");
-    sb_printf(&s, " %*s\n", wb, tot ? sz(tot, a) : "-");
-  }
-  memset(rule, '-', (size_t)rw);
-  sb_printf(&s, "%s\n", rule);
-  sb_printf(&s, "%-*s %-*s %*s", wl, "Total", ws, "", wn, grouped(p->parameters, g, sizeof g));
-  for (int r = 0; r < GS_ROLE_COUNT; r++)
-    if (col[r]) sb_printf(&s, " %*s", wb, sz(p->by_role[r], a));
-  sb_printf(&s, " %*s\n", wb, sz(p->peak_bytes, a));
-  sb_printf(&s, "%s\n", rule);
-  sb_printf(&s,
-            "Parameters: %s; micro-batch %u x %u accumulation step%s (effective batch %" PRIu64
-            "), %s\n",
-            grouped(p->parameters, g, sizeof g), p->micro_batch, p->accumulation_steps,
-            p->accumulation_steps == 1 ? "" : "s",
-            (uint64_t)p->micro_batch * p->accumulation_steps, precision_name(p->precision));
-  sb_printf(&s, "Predicted peak: %s (%" PRIu64 " bytes; every tensor is allocated once, at job "
-                "start)\n",
-            sz(p->peak_bytes, a), p->peak_bytes);
-  if (limit) {
-    bool grow = gs_plan_fits(p, limit, GS_POLICY_GROWTH);
-    bool pre = gs_plan_fits(p, limit, GS_POLICY_PREALLOCATE);
-    if (grow)
-      sb_printf(&s, "Limit %s: fits (%s to spare)\n", sz(limit, a), sz(limit - p->peak_bytes, bb));
-    else if (pre)
-      sb_printf(&s,
-                "Limit %s: fits a preallocated vdev (%s to spare) but NOT a growth one: its "
-                "regions (2 MiB, then doubling) leave no single region for the largest "
-                "buffers\n",
-                sz(limit, a), sz(limit - p->peak_bytes, bb));
-    else
-      sb_printf(&s, "Limit %s: does NOT fit by %s\n", sz(limit, a),
-                sz(p->peak_bytes - limit, bb));
-  }
-  return sb_take(&s);
-}
+/* ------------------------------------------------------------------ JSON --- */
 
 char *gs_plan_json(const gs_plan *p, uint64_t limit) {
   sb s = {0};
@@ -430,62 +316,9 @@ char *gs_plan_json(const gs_plan *p, uint64_t limit) {
   return sb_take(&s);
 }
 
-static Gpushare__V1__PlanRow *row_message(const gs_plan_row *row) {
-  Gpushare__V1__PlanRow *r = malloc(sizeof *r);
-  if (!r) return NULL;
-  gpushare__v1__plan_row__init(r);
-  r->layer = strdup(row->layer);
-  r->kind = strdup(row->kind);
-  r->output_shape = strdup(row->output_shape);
-  r->has_parameters = r->has_weights_bytes = r->has_master_bytes = true;
-  r->has_gradient_bytes = r->has_optimizer_bytes = r->has_activation_bytes = true;
-  r->has_workspace_bytes = r->has_batch_bytes = true;
-  r->parameters = row->parameters;
-  r->weights_bytes = row->bytes[GS_ROLE_WEIGHTS];
-  r->master_bytes = row->bytes[GS_ROLE_MASTER];
-  r->gradient_bytes = row->bytes[GS_ROLE_GRADIENTS];
-  r->optimizer_bytes = row->bytes[GS_ROLE_OPTIMIZER];
-  r->activation_bytes = row->bytes[GS_ROLE_ACTIVATIONS];
-  r->workspace_bytes = row->bytes[GS_ROLE_WORKSPACE];
-  r->batch_bytes = row->bytes[GS_ROLE_BATCH];
-  if (!r->layer || !r->kind || !r->output_shape) {
-    gpushare__v1__plan_row__free_unpacked(r, NULL);
-    return NULL;
-  }
-  return r;
-}
-
-int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out) {
-  *out = NULL;
-  Gpushare__V1__Plan *m = malloc(sizeof *m);
-  if (!m) return -ENOMEM;
-  gpushare__v1__plan__init(m);
-  m->row = calloc(p->n_rows ? p->n_rows : 1, sizeof *m->row);
-  if (!m->row) goto fail;
-  for (size_t i = 0; i < p->n_rows; i++) {
-    if (!(m->row[i] = row_message(&p->rows[i]))) goto fail;
-    m->n_row++;
-  }
-  m->has_peak_bytes = m->has_parameters = m->has_micro_batch = true;
-  m->has_accumulation_steps = m->has_precision = m->has_limit_bytes = m->has_fits = true;
-  m->peak_bytes = p->peak_bytes;
-  m->parameters = p->parameters;
-  m->micro_batch = p->micro_batch;
-  m->accumulation_steps = p->accumulation_steps;
-  m->precision = (Gpushare__V1__Precision)p->precision;
-  m->limit_bytes = limit;
-  m->fits = gs_plan_fits(p, limit, GS_POLICY_GROWTH);
-  if (!(m->summary = gs_plan_format(p, limit))) goto fail;
-  *out = m;
-  return 0;
-fail:
-  gpushare__v1__plan__free_unpacked(m, NULL);
-  return -ENOMEM;
-}
-
 /* ---------------------------------------------------------- suggestions --- */
 
-static void suggestion(gs_plan_suggestion *s, uint32_t micro, uint32_t accum, int precision,
+static void suggestion(gs_plan_suggestion *s, uint32_t micro, uint32_t accum, gs_precision precision,
                        uint64_t peak, uint64_t current, bool precision_changed) {
   char a[32], bb[32];
   memset(s, 0, sizeof *s);
@@ -503,12 +336,12 @@ static void suggestion(gs_plan_suggestion *s, uint32_t micro, uint32_t accum, in
              (uint64_t)micro * accum, sz(peak, a), sz(s->saving_bytes, bb));
 }
 
-int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_suggest(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                     gs_plan_suggestion *out, size_t max, size_t *n, gs_err *e) {
   return gs_plan_suggest_policy(spec, b, limit, GS_POLICY_GROWTH, out, max, n, e);
 }
 
-int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+int gs_plan_suggest_policy(const gs_job_spec *spec, const gs_backend *b,
                            uint64_t limit, gs_alloc_policy pol, gs_plan_suggestion *out,
                            size_t max, size_t *n, gs_err *e) {
   gs_plan cur;
@@ -525,8 +358,8 @@ int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *
     suggestion(&out[(*n)++], d, (uint32_t)(eff / d), cur.precision, peak, cur.peak_bytes, false);
   /* 2. Mixed precision, for an fp32 job, where it lowers the peak: at the
    * current micro-batch if that fits, else at the largest that fits. */
-  if (cur.precision == GPUSHARE__V1__PRECISION__FLOAT32 && *n < max) {
-    const int mp = GPUSHARE__V1__PRECISION__MIXED_BFLOAT16;
+  if (cur.precision == GS_PRECISION_FLOAT32 && *n < max) {
+    const gs_precision mp = GS_PRECISION_MIXED_BFLOAT16;
     gs_plan mpl;
     bool ok = variant_plan(spec, b, cur.micro_batch, cur.accumulation_steps, mp, &mpl);
     uint64_t mpk = ok ? mpl.peak_bytes : 0;
@@ -551,7 +384,7 @@ int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *
 
 /* Why nothing fits, from the plan at micro-batch 1: the batch-independent
  * roles (weights, masters, gradients, optimizer) against the rest. */
-static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+static void explain_no_fit(const gs_job_spec *spec, const gs_backend *b,
                            const gs_plan *p1, uint64_t limit, gs_alloc_policy pol, char *why,
                            size_t len) {
   char a[32], bb[32], c[32], d[32];
@@ -590,8 +423,8 @@ static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *
   bool ok = false;
   uint64_t mpk = 0;
   gs_plan mpl;
-  if (p1->precision == GPUSHARE__V1__PRECISION__FLOAT32 &&
-      variant_plan(spec, b, 1, p1->accumulation_steps, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16,
+  if (p1->precision == GS_PRECISION_FLOAT32 &&
+      variant_plan(spec, b, 1, p1->accumulation_steps, GS_PRECISION_MIXED_BFLOAT16,
                    &mpl)) {
     mpk = mpl.peak_bytes;
     ok = gs_plan_fits(&mpl, limit, pol);
@@ -602,17 +435,17 @@ static void explain_no_fit(const Gpushare__V1__JobSpec *spec, const gs_backend *
              "vdev of at least %s", sz(mpk, a), sz(p1->peak_bytes, bb));
   else
     snprintf(why + o, len - o, "; it needs a vdev of at least %s%s", sz(p1->peak_bytes, a),
-             p1->precision == GPUSHARE__V1__PRECISION__FLOAT32
+             p1->precision == GS_PRECISION_FLOAT32
                  ? " (mixed precision would not help: its fp32 masters add to the parameters)"
                  : "");
 }
 
-int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_admit(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                   bool auto_fit, gs_admission *out, gs_err *e) {
   return gs_plan_admit_policy(spec, b, limit, GS_POLICY_GROWTH, auto_fit, out, e);
 }
 
-int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_admit_policy(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                          gs_alloc_policy pol, bool auto_fit, gs_admission *out, gs_err *e) {
   memset(out, 0, sizeof *out);
   int rc = gs_plan_job(spec, b, &out->plan, e);
@@ -625,7 +458,7 @@ int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
   }
   char a[32], bb[32], c[32];
   const uint64_t eff = (uint64_t)out->plan.micro_batch * out->plan.accumulation_steps;
-  const int prec = out->plan.precision;
+  const gs_precision prec = out->plan.precision;
   uint64_t peak = 0;
   if (auto_fit) {
     gs_plan fit;
@@ -681,7 +514,7 @@ int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
              eff, GS_MODEL_MAX_ACCUMULATION);
     return 0;
   }
-  Gpushare__V1__JobSpec v1 = variant(spec, 1, (uint32_t)eff, prec);
+  gs_job_spec v1 = variant(spec, 1, (uint32_t)eff, prec);
   gs_plan p1;
   if (gs_plan_job(&v1, b, &p1, &e2) == 0) {
     explain_no_fit(spec, b, &p1, limit, pol, out->why, sizeof out->why);
@@ -692,244 +525,4 @@ int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
 
 void gs_admission_free(gs_admission *a) {
   if (a) gs_plan_free(&a->plan);
-}
-
-/* ----------------------------------------------------------- OOM report --- */
-
-static char *dupf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *dupf(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char *s = NULL;
-  if (vasprintf(&s, fmt, ap) < 0) s = NULL;
-  va_end(ap);
-  return s;
-}
-
-int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                       const gs_train_failure *f, const char *vdev_name,
-                       Gpushare__V1__OomReport **out, gs_err *e) {
-  *out = NULL;
-  if (!f || !f->oom)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "", "the failure is not an out-of-memory one"),
-           -EINVAL;
-  const gs_alloc_stats *st = &f->why.stats;
-  Gpushare__V1__OomReport *r = malloc(sizeof *r);
-  if (!r) return gs_err_set(e, GS_INTERNAL, "", "out of host memory"), -ENOMEM;
-  gpushare__v1__oom_report__init(r);
-  char a[32], bb[32], c[32], d[32], l[32];
-  r->layer = strdup(f->layer);
-  r->role = strdup(gs_role_name(f->role));
-  r->shape = strdup(f->shape);
-  r->dtype = strdup(gs_dtype_name(f->dtype));
-  r->vdev = strdup(vdev_name ? vdev_name : "");
-  r->has_bytes = r->has_limit_bytes = r->has_in_use_bytes = r->has_reserved_bytes = true;
-  r->has_largest_free_bytes = r->has_fragmentation = r->has_cause = true;
-  r->bytes = f->bytes;
-  r->limit_bytes = st->limit;
-  r->in_use_bytes = st->in_use;
-  r->reserved_bytes = st->reserved;
-  r->largest_free_bytes = st->largest_free;
-  r->fragmentation = (float)st->fragmentation;
-  uint64_t need = gs_alloc_block_size((size_t)f->bytes);
-  uint64_t fit_limit = st->limit; /* what a suggestion must fit */
-  switch (f->why.cause) {
-  case GS_OOM_PHYSICAL:
-    r->cause = GPUSHARE__V1__OOM_CAUSE__PHYSICAL;
-    r->explanation = dupf(
-        "the physical device ran out of memory before this vdev reached its limit: the vdev "
-        "holds %s of its %s limit and has reserved %s, but the device refused the region "
-        "for %s (%s of %s %s). Other vdevs or processes hold the rest of the device (it may "
-        "be oversubscribed); the job's own quota is not what is full.",
-        sz(st->in_use, a), sz(st->limit, bb), sz(st->reserved, c), f->tensor, sz(f->bytes, d),
-        f->layer, gs_role_name(f->role));
-    fit_limit = st->reserved;
-    break;
-  case GS_OOM_FRAGMENTATION: {
-    r->cause = GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION;
-    /* What the job as planned needs, to say only what is true of it. */
-    gs_plan jp;
-    gs_err e2;
-    gs_err_clear(&e2);
-    bool planned = spec && gs_plan_job(spec, b, &jp, &e2) == 0;
-    bool fits_pre = planned && gs_plan_fits(&jp, st->limit, GS_POLICY_PREALLOCATE);
-    bool fits_grow = planned && gs_plan_fits(&jp, st->limit, GS_POLICY_GROWTH);
-    if (planned) gs_plan_free(&jp);
-    const char *tail;
-    if (st->reserved < (st->limit & ~(uint64_t)(GS_ALLOC_ALIGN - 1))) {
-      /* Part of the limit is unreserved, so this is a GROWTH vdev (a
-       * preallocated one reserves all of it at creation): the free bytes
-       * are split between its regions and the unreserved rest, and a
-       * tensor cannot span two regions. Suggest what fits this layout. */
-      if (fits_pre)
-        tail = "The job's total is under the limit: a preallocate vdev of this limit (one "
-               "region) would run it, and so would a smaller micro-batch (what fits, below) "
-               "on this growth vdev.";
-      else if (planned)
-        tail = "The job as planned needs more than the limit in any layout, so it must "
-               "shrink: what fits below fits this growth vdev.";
-      else
-        tail = "A preallocate vdev reserves the whole limit as one region and has no such "
-               "boundaries.";
-      r->explanation = dupf(
-          "a growth vdev reserves its memory in regions as the job asks for it (2 MiB, then "
-          "twice the last, capped by what the limit leaves) and a tensor cannot span two "
-          "regions: %s (%s of %s) needs %s in one block, but the largest free block of the "
-          "%s reserved is %s and the %s of the %s limit still unreserved cannot hold it "
-          "either. %s",
-          f->tensor, gs_role_name(f->role), f->layer, sz(need, a), sz(st->reserved, bb),
-          sz(st->largest_free, c), sz(st->limit - st->reserved, d), sz(st->limit, l), tail);
-      break; /* fit_limit stays the limit: gs_plan_suggest lays each candidate out in
-                growth regions, so what it suggests fits this vdev */
-    }
-    /* The whole limit is reserved: the free bytes lie in holes between live
-     * blocks (or, on a growth vdev, between its regions). */
-    if (fits_grow)
-      tail = " The job as planned fits the limit; on a vdev without holes (nothing else "
-             "allocated in it) it would run.";
-    else if (fits_pre)
-      tail = " The job as planned fits a preallocate vdev of this limit with nothing else "
-             "allocated in it, though not a growth vdev's regions.";
-    else if (planned)
-      tail = " The job as planned needs more than the limit, so it must shrink anyway.";
-    else
-      tail = "";
-    r->explanation = dupf(
-        "the vdev has %s free in total but its largest free block is %s, smaller than the "
-        "%s that %s (%s of %s) needs: free memory is fragmented (%.0f%%) and this vdev "
-        "cannot reserve more.%s",
-        sz(st->total_free, a), sz(st->largest_free, bb), sz(need, c), f->tensor,
-        gs_role_name(f->role), f->layer, st->fragmentation * 100.0, tail);
-    fit_limit = st->largest_free;
-    break;
-  }
-  default:
-    r->cause = GPUSHARE__V1__OOM_CAUSE__QUOTA;
-    r->explanation = dupf(
-        "the job needs more memory than its vdev's limit allows: %s of the %s limit are in "
-        "use and %s (%s of %s) needs %s more. The device may have room; the vdev's quota is "
-        "full, so the job must shrink (a smaller micro-batch with more accumulation steps "
-        "keeps the effective batch) or move to a larger vdev.",
-        sz(st->in_use, a), sz(st->limit, bb), f->tensor, gs_role_name(f->role), f->layer,
-        sz(need, c));
-    break;
-  }
-  if (!r->layer || !r->role || !r->shape || !r->dtype || !r->vdev || !r->explanation) goto nomem;
-  if (spec) {
-    gs_plan_suggestion sg[4];
-    size_t n = 0;
-    gs_err e2;
-    gs_err_clear(&e2);
-    if (fit_limit && gs_plan_suggest(spec, b, fit_limit, sg, 4, &n, &e2) == 0 && n) {
-      r->suggestion = calloc(n, sizeof *r->suggestion);
-      if (!r->suggestion) goto nomem;
-      for (size_t i = 0; i < n; i++) {
-        Gpushare__V1__OomSuggestion *s = malloc(sizeof *s);
-        if (!s) goto nomem;
-        gpushare__v1__oom_suggestion__init(s);
-        r->suggestion[r->n_suggestion++] = s;
-        if (!(s->what = strdup(sg[i].what))) goto nomem;
-        s->has_micro_batch = s->has_accumulation_steps = s->has_precision = true;
-        s->has_predicted_peak_bytes = s->has_saving_bytes = true;
-        s->micro_batch = sg[i].micro_batch;
-        s->accumulation_steps = sg[i].accumulation_steps;
-        s->precision = (Gpushare__V1__Precision)sg[i].precision;
-        s->predicted_peak_bytes = sg[i].predicted_peak_bytes;
-        s->saving_bytes = sg[i].saving_bytes;
-      }
-    }
-  }
-  *out = r;
-  return 0;
-nomem:
-  gpushare__v1__oom_report__free_unpacked(r, NULL);
-  return gs_err_set(e, GS_INTERNAL, "", "out of host memory for the OOM report"), -ENOMEM;
-}
-
-void gs_plan_oom_report_free(Gpushare__V1__OomReport *r) {
-  if (r) gpushare__v1__oom_report__free_unpacked(r, NULL);
-}
-
-static const char *cause_name(int c) {
-  switch (c) {
-  case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL (the device is out of memory)";
-  case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION: return "FRAGMENTATION (no free block is large enough)";
-  default: return "QUOTA (the vdev's memory limit is reached)";
-  }
-}
-
-char *gs_plan_oom_format(const Gpushare__V1__OomReport *r) {
-  sb s = {0};
-  char a[32], bb[32], c[32], d[32];
-  sb_printf(&s, "out of memory: %s\n", cause_name(r->cause));
-  sb_printf(&s, "  tensor   layer %s, role %s, shape %s, %s, %s (%" PRIu64 " bytes)\n",
-            r->layer ? r->layer : "?", r->role ? r->role : "?", r->shape ? r->shape : "?",
-            r->dtype ? r->dtype : "?", sz(r->bytes, a), r->bytes);
-  sb_printf(&s, "  vdev     %s%slimit %s, in use %s, reserved %s, largest free block %s, "
-                "fragmentation %.0f%%\n",
-            r->vdev && r->vdev[0] ? r->vdev : "", r->vdev && r->vdev[0] ? ": " : "",
-            sz(r->limit_bytes, a), sz(r->in_use_bytes, bb), sz(r->reserved_bytes, c),
-            sz(r->largest_free_bytes, d), (double)r->fragmentation * 100.0);
-  sb_printf(&s, "  why      %s\n", r->explanation ? r->explanation : "");
-  if (r->n_suggestion == 0)
-    sb_printf(&s, "  fits     nothing smaller of this job fits\n");
-  for (size_t i = 0; i < r->n_suggestion; i++)
-    sb_printf(&s, "  %-8s %s\n", i ? "" : "fits", r->suggestion[i]->what);
-  return sb_take(&s);
-}
-
-/* ------------------------------------------------------ memory timeline --- */
-
-char *gs_plan_timeline_format(const Gpushare__V1__MemoryTimeline *tl) {
-  sb s = {0};
-  char a[32], bb[32];
-  uint64_t top = tl->peak_bytes;
-  if (tl->planned_peak_bytes > top) top = tl->planned_peak_bytes;
-  for (size_t i = 0; i < tl->n_step; i++)
-    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
-  sb_printf(&s, "memory timeline: peak %s", sz(tl->peak_bytes, a));
-  if (tl->has_planned_peak_bytes)
-    sb_printf(&s, ", planned %s (%+.2f%%)", sz(tl->planned_peak_bytes, bb),
-              tl->planned_peak_bytes
-                  ? ((double)tl->peak_bytes - (double)tl->planned_peak_bytes) * 100.0 /
-                        (double)tl->planned_peak_bytes
-                  : 0.0);
-  sb_printf(&s, "\n");
-  /* One bar per entry, at most 40 lines: entries beyond merge by max. */
-  const size_t lines = tl->n_step < 40 ? tl->n_step : 40;
-  const int width = 40;
-  for (size_t l = 0; l < lines; l++) {
-    size_t i0 = l * tl->n_step / lines, i1 = (l + 1) * tl->n_step / lines;
-    uint64_t pk = 0, step = 0;
-    for (size_t i = i0; i < i1; i++) {
-      if (tl->step[i]->peak_in_use_bytes > pk) pk = tl->step[i]->peak_in_use_bytes;
-      step = tl->step[i]->step;
-    }
-    int fill = top ? (int)((double)pk / (double)top * width + 0.5) : 0;
-    char bar[64];
-    for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : ' ';
-    bar[width] = '\0';
-    sb_printf(&s, "  step %8" PRIu64 " |%s| %s\n", step, bar, sz(pk, a));
-  }
-  if (tl->n_at_peak) {
-    static const char *const roles[] = {"weights", "master", "gradients", "optimizer",
-                                        "activations", "workspace", "batch"};
-    sb_printf(&s, "at the peak, by layer and role:\n  %-24s", "layer");
-    for (int r = 0; r < 7; r++) sb_printf(&s, " %11s", roles[r]);
-    sb_printf(&s, " %11s\n", "total");
-    for (size_t i = 0; i < tl->n_at_peak; i++) {
-      const Gpushare__V1__PlanRow *r = tl->at_peak[i];
-      uint64_t v[7] = {r->weights_bytes,    r->master_bytes,    r->gradient_bytes,
-                       r->optimizer_bytes,  r->activation_bytes, r->workspace_bytes,
-                       r->batch_bytes};
-      uint64_t tot = 0;
-      sb_printf(&s, "  %-24s", r->layer ? r->layer : "");
-      for (int k = 0; k < 7; k++) {
-        tot += v[k];
-        sb_printf(&s, " %11s", v[k] ? sz(v[k], a) : "-");
-      }
-      sb_printf(&s, " %11s\n", sz(tot, a));
-    }
-  }
-  return sb_take(&s);
 }

@@ -8,7 +8,9 @@
  * (gs_alloc_block_size), so its peak is what the vdev allocator will
  * measure, without allocating anything. The same calls serve gpushare-run
  * (--plan, --memory-limit), the daemon's submit (admission, auto_fit) and
- * `gpuctl plan`, and the executor's OOM reports (what would fit).
+ * `gpuctl plan`, and the OOM reports (runtime/oom.h: what would fit). The
+ * plan is plain C; runtime/spec_pb.h turns it into a gpushare.v1.Plan and
+ * present/ into the table people read.
  */
 #ifndef GS_PLAN_H
 #define GS_PLAN_H
@@ -19,8 +21,8 @@
 
 #include "runtime/alloc.h"
 #include "kernels/backend.h"
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "runtime/spec.h"
 #include "runtime/train.h"
 
 typedef struct gs_plan_row {
@@ -39,7 +41,7 @@ typedef struct gs_plan {
   uint64_t parameters;
   uint32_t micro_batch;   /* spec.batch_size as planned */
   uint32_t accumulation_steps;
-  int precision;          /* Gpushare__V1__Precision */
+  gs_precision precision;
   /* addition: the allocator block sizes in allocation order (malloc'd), for
    * gs_plan_fits' simulation of a GROWTH vdev's regions */
   uint64_t *blocks;
@@ -48,14 +50,9 @@ typedef struct gs_plan {
 
 /* Plan spec as it stands (validates it like gs_model_build; INVALID_ARGUMENT
  * with the field path on a bad spec). `b` answers the workspace queries. */
-int gs_plan_job(const Gpushare__V1__JobSpec *spec, const gs_backend *b, gs_plan *out,
+int gs_plan_job(const gs_job_spec *spec, const gs_backend *b, gs_plan *out,
                 gs_err *e);
 void gs_plan_free(gs_plan *p);
-
-/* The human table, like a model summary: layer, output shape, parameters,
- * bytes by role, the predicted peak and, when limit > 0, whether it fits and
- * by how much. malloc'd. */
-char *gs_plan_format(const gs_plan *p, uint64_t limit);
 
 /* What would fit under `limit`: up to max suggestions (the largest
  * micro-batch dividing the effective batch that fits, with the accumulation
@@ -65,11 +62,11 @@ typedef struct gs_plan_suggestion {
   char what[256];               /* "micro-batch 32 x 4 accumulation steps" */
   uint32_t micro_batch;
   uint32_t accumulation_steps;
-  int precision;
+  gs_precision precision;
   uint64_t predicted_peak_bytes;
   uint64_t saving_bytes;
 } gs_plan_suggestion;
-int gs_plan_suggest(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_suggest(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                     gs_plan_suggestion *out, size_t max, size_t *n, gs_err *e);
 
 /* Admission against a vdev limit. fits: the plan as submitted fits. With
@@ -86,11 +83,11 @@ typedef struct gs_admission {
   gs_plan plan;       /* of what will run (or of the refused spec) */
   char why[2048];     /* the refusal, when !fits */
 } gs_admission;
-int gs_plan_admit(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_admit(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                   bool auto_fit, gs_admission *out, gs_err *e);
 void gs_admission_free(gs_admission *a);
 
-/* ---- additions (issue 4). Fitting a limit is more than peak <= limit: a
+/* ---- Fitting a limit is more than peak <= limit: a
  * GROWTH vdev reserves regions (2 MiB, then twice the last, capped by what
  * the limit leaves) and a block never spans two, so a large buffer late in
  * the list can find only scraps. gs_plan_fits simulates the policy;
@@ -99,46 +96,16 @@ void gs_admission_free(gs_admission *a);
  * stricter policy (what fits it fits PREALLOCATE too); the _policy
  * variants take the vdev's policy. ---- */
 bool gs_plan_fits(const gs_plan *p, uint64_t limit, gs_alloc_policy policy);
-int gs_plan_admit_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b, uint64_t limit,
+int gs_plan_admit_policy(const gs_job_spec *spec, const gs_backend *b, uint64_t limit,
                          gs_alloc_policy policy, bool auto_fit, gs_admission *out, gs_err *e);
-int gs_plan_suggest_policy(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
+int gs_plan_suggest_policy(const gs_job_spec *spec, const gs_backend *b,
                            uint64_t limit, gs_alloc_policy policy, gs_plan_suggestion *out,
                            size_t max, size_t *n, gs_err *e);
 
-/* ---- more additions (issue 4): the same plan as JSON and as a message, the OOM
- * report and the memory timeline, so every surface says the same ---- */
+/* ---- the plan as JSON, for scripts (gpushare-run --plan --json) ---- */
 
 /* The plan as one JSON object (micro_batch, accumulation_steps,
  * effective_batch, precision, parameters, peak_bytes, limit_bytes, fits when
  * limit > 0, by_role, rows[] with bytes by role). malloc'd; NULL on ENOMEM. */
 char *gs_plan_json(const gs_plan *p, uint64_t limit);
-/* The plan as gpushare.v1.Plan (rows, peak, limit, fits, summary = the
- * table), for PlanResponse / SubmitResponse. Everything in *out is
- * malloc'd: free with gpushare__v1__plan__free_unpacked(*out, NULL).
- * Returns 0 or -ENOMEM. */
-int gs_plan_message(const gs_plan *p, uint64_t limit, Gpushare__V1__Plan **out);
-
-/* The OOM report of a failed gs_train_create (f->oom set): the tensor, the
- * vdev's numbers at the failure, the cause (QUOTA / PHYSICAL /
- * FRAGMENTATION) with an explanation for an ML engineer, and what would fit
- * (gs_plan_suggest for `spec`, the job as it was created, against the
- * vdev's limit for QUOTA, the bytes the vdev could reserve for PHYSICAL; for
- * FRAGMENTATION the limit, laid out in growth regions, when part of the limit
- * is unreserved (a growth vdev whose regions and unreserved rest each fall
- * short of the tensor), else the largest free block). `spec` may be NULL (no
- * suggestions); `vdev_name` may be NULL. Everything in *out is malloc'd:
- * free with gs_plan_oom_report_free (= gpushare__v1__oom_report__free_unpacked).
- * Returns 0, -EINVAL (f is not an OOM) or -ENOMEM, with e filled. */
-int gs_plan_oom_report(const Gpushare__V1__JobSpec *spec, const gs_backend *b,
-                       const gs_train_failure *f, const char *vdev_name,
-                       Gpushare__V1__OomReport **out, gs_err *e);
-void gs_plan_oom_report_free(Gpushare__V1__OomReport *r);
-/* The report as gpushare-run and gpuctl print it (several lines). malloc'd. */
-char *gs_plan_oom_format(const Gpushare__V1__OomReport *r);
-
-/* A MemoryTimeline (gs_train_memory_timeline) as text: the peak against the
- * plan, a bar per step (at most 40 lines; more steps merge by max) and the
- * bytes by layer and role at the peak. malloc'd. */
-char *gs_plan_timeline_format(const Gpushare__V1__MemoryTimeline *tl);
-
 #endif

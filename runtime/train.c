@@ -1118,7 +1118,7 @@ out:
 
 /* ---------------------------------------------------------------- create --- */
 
-int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *a,
+int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
                     const gs_dataset *train, const gs_dataset *test,
                     const gs_train_options *opt, gs_train **out, gs_train_failure *fail,
                     gs_err *e) {
@@ -1152,12 +1152,12 @@ int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *
   if (t->opt.has_max_steps) t->r.max_steps = t->opt.max_steps;
   if (t->opt.has_precision) {
     switch (t->opt.precision) {
-    case GPUSHARE__V1__PRECISION__FLOAT32: t->r.dtype = GS_F32; break;
-    case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: t->r.dtype = GS_F16; break;
-    case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: t->r.dtype = GS_BF16; break;
+    case GS_PRECISION_FLOAT32: t->r.dtype = GS_F32; break;
+    case GS_PRECISION_MIXED_FLOAT16: t->r.dtype = GS_F16; break;
+    case GS_PRECISION_MIXED_BFLOAT16: t->r.dtype = GS_BF16; break;
     default:
       rc = gs_err_set(e, GS_INVALID_ARGUMENT, "precision", "precision %d is unknown",
-                      t->opt.precision);
+                      (int)t->opt.precision);
       rc = -EINVAL;
       goto fail;
     }
@@ -1340,91 +1340,54 @@ static uint64_t job_peak(const gs_train *t) {
   return st.peak_in_use > t->peak_max ? st.peak_in_use : t->peak_max;
 }
 
-static Gpushare__V1__PlanRow *row_new(const char *layer, const char *kind, const char *shape,
-                                      uint64_t params) {
-  Gpushare__V1__PlanRow *r = malloc(sizeof *r);
-  if (!r) return NULL;
-  gpushare__v1__plan_row__init(r);
-  r->layer = strdup(layer);
-  r->kind = strdup(kind);
-  r->output_shape = strdup(shape);
-  r->has_parameters = true;
-  r->parameters = params;
-  r->has_weights_bytes = r->has_master_bytes = r->has_gradient_bytes = true;
-  r->has_optimizer_bytes = r->has_activation_bytes = r->has_workspace_bytes = true;
-  r->has_batch_bytes = true;
-  if (!r->layer || !r->kind || !r->output_shape) {
-    gpushare__v1__plan_row__free_unpacked(r, NULL);
-    return NULL;
-  }
-  return r;
-}
-
-static void row_add(Gpushare__V1__PlanRow *r, gs_role role, uint64_t bytes) {
-  switch (role) {
-  case GS_ROLE_WEIGHTS: r->weights_bytes += bytes; break;
-  case GS_ROLE_MASTER: r->master_bytes += bytes; break;
-  case GS_ROLE_GRADIENTS: r->gradient_bytes += bytes; break;
-  case GS_ROLE_OPTIMIZER: r->optimizer_bytes += bytes; break;
-  case GS_ROLE_ACTIVATIONS: r->activation_bytes += bytes; break;
-  case GS_ROLE_BATCH: r->batch_bytes += bytes; break;
-  default: r->workspace_bytes += bytes; break;
-  }
-}
-
-int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes,
-                             Gpushare__V1__MemoryTimeline **out) {
-  *out = NULL;
-  Gpushare__V1__MemoryTimeline *tl = malloc(sizeof *tl);
-  if (!tl) return -ENOMEM;
-  gpushare__v1__memory_timeline__init(tl);
+int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes, gs_timeline *out) {
+  memset(out, 0, sizeof *out);
   size_t n_steps = t->tl_n + (t->tl_open_n ? 1 : 0);
   const gs_model *m = &t->model;
   if (n_steps) {
-    tl->step = calloc(n_steps, sizeof *tl->step);
-    if (!tl->step) goto fail;
+    out->steps = calloc(n_steps, sizeof *out->steps);
+    if (!out->steps) goto fail;
     for (size_t i = 0; i < n_steps; i++) {
-      Gpushare__V1__MemoryStep *ms = malloc(sizeof *ms);
-      if (!ms) goto fail;
-      gpushare__v1__memory_step__init(ms);
-      ms->has_step = ms->has_peak_in_use_bytes = true;
-      ms->step = i < t->tl_n ? t->tl_step[i] : t->tl_open_step;
-      ms->peak_in_use_bytes = i < t->tl_n ? t->tl_peak[i] : t->tl_open_peak;
-      tl->step[tl->n_step++] = ms;
+      out->steps[i].step = i < t->tl_n ? t->tl_step[i] : t->tl_open_step;
+      out->steps[i].peak_in_use_bytes = i < t->tl_n ? t->tl_peak[i] : t->tl_open_peak;
     }
+    out->n_steps = n_steps;
   }
   /* One row per layer that holds memory, in model order, then "job". */
-  tl->at_peak = calloc((size_t)m->n_layers + 1, sizeof *tl->at_peak);
-  if (!tl->at_peak) goto fail;
-  char sh[64];
+  out->at_peak = calloc((size_t)m->n_layers + 1, sizeof *out->at_peak);
+  if (!out->at_peak) goto fail;
   for (uint32_t i = 0; i <= m->n_layers; i++) {
     const char *name = i < m->n_layers ? m->layers[i].name : "job";
     bool any = false;
     for (size_t j = 0; j < t->n_snap && !any; j++) any = !strcmp(t->snap[j].layer, name);
     if (!any) continue;
-    Gpushare__V1__PlanRow *r;
-    if (i < m->n_layers)
-      r = row_new(name, gs_layer_kind_name(m->layers[i].kind),
-                  gs_shape_format(&m->layers[i].out, t->r.batch_size, sh, sizeof sh),
-                  m->layers[i].param_count);
-    else
-      r = row_new("job", "job", "", 0);
-    if (!r) goto fail;
-    tl->at_peak[tl->n_at_peak++] = r;
+    gs_timeline_row *r = &out->at_peak[out->n_at_peak++];
+    snprintf(r->layer, sizeof r->layer, "%s", name);
+    if (i < m->n_layers) {
+      snprintf(r->kind, sizeof r->kind, "%s", gs_layer_kind_name(m->layers[i].kind));
+      gs_shape_format(&m->layers[i].out, t->r.batch_size, r->output_shape,
+                      sizeof r->output_shape);
+      r->parameters = m->layers[i].param_count;
+    } else {
+      snprintf(r->kind, sizeof r->kind, "job");
+    }
     for (size_t j = 0; j < t->n_snap; j++)
-      if (!strcmp(t->snap[j].layer, name)) row_add(r, t->snap[j].role, t->snap[j].bytes);
+      if (!strcmp(t->snap[j].layer, name) && (unsigned)t->snap[j].role < GS_ROLE_COUNT)
+        r->bytes[t->snap[j].role] += t->snap[j].bytes;
   }
-  tl->has_peak_bytes = true;
-  tl->peak_bytes = job_peak(t);
-  if (planned_peak_bytes) {
-    tl->has_planned_peak_bytes = true;
-    tl->planned_peak_bytes = planned_peak_bytes;
-  }
-  *out = tl;
+  out->peak_bytes = job_peak(t);
+  out->planned_peak_bytes = planned_peak_bytes;
   return 0;
 fail:
-  gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+  gs_timeline_free(out);
   return -ENOMEM;
+}
+
+void gs_timeline_free(gs_timeline *tl) {
+  if (!tl) return;
+  free(tl->steps);
+  free(tl->at_peak);
+  memset(tl, 0, sizeof *tl);
 }
 
 /* ------------------------------------------------------------------- run --- */

@@ -1,7 +1,7 @@
 /*
  * train.h: gpushare's training runtime, one job on one device.
  *
- * gs_train_create() turns a validated JobSpec (model.h) into a job: it
+ * gs_train_create() turns a job spec (spec.h, validated by model.h) into a job: it
  * allocates, ONCE and from the job's vdev allocator (alloc.h), every device
  * tensor a step will touch, each tagged (layer, role):
  *   weights     per parameter: the working copy the forward pass reads
@@ -100,7 +100,7 @@ typedef struct gs_train_options {
   bool has_max_steps;   /* overrides spec.max_steps with max_steps (0 = none) */
   uint64_t max_steps;
   bool has_precision;   /* overrides spec.precision with precision */
-  int precision;        /* Gpushare__V1__Precision */
+  gs_precision precision;
   /* Called on the job's thread; may be NULL. */
   void (*on_step)(void *user, const gs_train_progress *p);
   void (*on_epoch)(void *user, const gs_train_epoch *m);
@@ -192,7 +192,7 @@ int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
  * fills e (INVALID_ARGUMENT for the spec, RESOURCE_EXHAUSTED for memory,
  * with the layer, role and bytes in the message) and, when `fail` is not
  * NULL, *fail; everything allocated is freed. */
-int gs_train_create(const Gpushare__V1__JobSpec *spec, gs_backend *b, gs_alloc *a,
+int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
                     const gs_dataset *train, const gs_dataset *test,
                     const gs_train_options *opt, gs_train **out, gs_train_failure *fail,
                     gs_err *e);
@@ -223,19 +223,41 @@ uint64_t gs_train_total_steps(const gs_train *t);
  * layer `layer` to host memory: count floats (= the param's count). */
 int gs_train_read_param(gs_train *t, uint32_t layer, uint32_t param, float *host, size_t count);
 
-/* The job's memory timeline so far (gpushare.v1.MemoryTimeline): the peak in
- * use of each optimizer step (at most GS_TRAIN_TIMELINE_MAX entries: past
- * that, neighbouring steps merge, an entry then holds the max over its steps
- * and the step number of its last one), the bytes by layer and role at the
- * job's peak (one PlanRow per layer holding memory, then "job"), peak_bytes,
- * and planned_peak_bytes when planned_peak_bytes > 0. Every part of *out is
- * malloc'd: free it with gpushare__v1__memory_timeline__free_unpacked(*out,
- * NULL). Returns 0 or -ENOMEM. The per-step peaks reset the allocator's
- * peak at each step start: a vdev allocator shared by several jobs reports
- * the vdev's per-step peak. */
+/* A job's memory over its steps (runtime/spec_pb.h turns it into a
+ * gpushare.v1.MemoryTimeline, present/ into a chart). */
+typedef struct gs_timeline_step {
+  uint64_t step;              /* the (last) optimizer step of this entry */
+  uint64_t peak_in_use_bytes; /* the allocator's peak in use during it */
+} gs_timeline_step;
+
+typedef struct gs_timeline_row {
+  char layer[GS_MODEL_NAME_MAX]; /* "dense_1", or "job" */
+  char kind[32];                 /* "dense", ..., "job" */
+  char output_shape[64];         /* "(128, 14, 14, 32)"; "" for "job" */
+  uint64_t parameters;
+  uint64_t bytes[GS_ROLE_COUNT]; /* measured, by gs_role */
+} gs_timeline_row;
+
+typedef struct gs_timeline {
+  gs_timeline_step *steps;    /* n_steps entries, malloc'd */
+  size_t n_steps;
+  gs_timeline_row *at_peak;   /* n_at_peak rows, malloc'd */
+  size_t n_at_peak;
+  uint64_t peak_bytes;
+  uint64_t planned_peak_bytes; /* 0: not planned */
+} gs_timeline;
+
+/* The job's memory timeline so far: the peak in use of each optimizer step
+ * (at most GS_TRAIN_TIMELINE_MAX entries: past that, neighbouring steps
+ * merge, an entry then holds the max over its steps and the step number of
+ * its last one), the bytes by layer and role at the job's peak (one row per
+ * layer holding memory, then "job"), peak_bytes, and planned_peak_bytes as
+ * given (0: none). Free *out with gs_timeline_free. Returns 0 or -ENOMEM.
+ * The per-step peaks reset the allocator's peak at each step start: a vdev
+ * allocator shared by several jobs reports the vdev's per-step peak. */
 #define GS_TRAIN_TIMELINE_MAX 512
-int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes,
-                             Gpushare__V1__MemoryTimeline **out);
+int gs_train_memory_timeline(const gs_train *t, uint64_t planned_peak_bytes, gs_timeline *out);
+void gs_timeline_free(gs_timeline *tl);
 
 /* Evaluate the whole test set now (forward only). */
 int gs_train_evaluate(gs_train *t, float *loss, float *accuracy, gs_err *e);

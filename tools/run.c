@@ -52,9 +52,12 @@
 #include "proto/gpushare.pb-c.h"
 #include "common/error.h"
 #include "runtime/model.h"
+#include "runtime/oom.h"
 #include "runtime/plan.h"
 #include "common/size.h"
+#include "runtime/spec_pb.h"
 #include "runtime/train.h"
+#include "present/present.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 #define JOB_MAX_BYTES (16u << 20) /* the wire's frame limit: a spec is small */
@@ -322,14 +325,6 @@ static void on_epoch(void *u, const gs_train_epoch *m) {
   fflush(stdout);
 }
 
-static const char *precision_name(int p) {
-  switch (p) {
-  case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: return "mixed_float16";
-  case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: return "mixed_bfloat16";
-  default: return "float32";
-  }
-}
-
 static const char *cause_word(int c) {
   switch (c) {
   case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL";
@@ -356,6 +351,15 @@ static void json_num(const char *k, double v, bool last) {
     printf("\"%s\":%.9g%s", k, v, last ? "" : ",");
   else
     printf("\"%s\":null%s", k, last ? "" : ",");
+}
+
+/* The plan table as the daemon's Plan.summary has it: through the message. */
+static char *plan_text(const gs_plan *p, uint64_t limit, gs_alloc_policy policy) {
+  Gpushare__V1__Plan *m = NULL;
+  if (gs_spec_pb_plan(p, limit, policy, &m)) return NULL;
+  char *txt = gs_present_plan(m);
+  gpushare__v1__plan__free_unpacked(m, NULL);
+  return txt;
 }
 
 int main(int argc, char **argv) {
@@ -430,11 +434,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(flag, "--precision")) {
       opt.has_precision = true;
       if (!strcmp(val, "float32"))
-        opt.precision = GPUSHARE__V1__PRECISION__FLOAT32;
+        opt.precision = GS_PRECISION_FLOAT32;
       else if (!strcmp(val, "mixed_float16"))
-        opt.precision = GPUSHARE__V1__PRECISION__MIXED_FLOAT16;
+        opt.precision = GS_PRECISION_MIXED_FLOAT16;
       else if (!strcmp(val, "mixed_bfloat16"))
-        opt.precision = GPUSHARE__V1__PRECISION__MIXED_BFLOAT16;
+        opt.precision = GS_PRECISION_MIXED_BFLOAT16;
       else
         return bad_flag(flag, val, "float32, mixed_float16 or mixed_bfloat16");
     } else if (!strcmp(flag, "--memory-limit") || !strcmp(flag, "--device-memory")) {
@@ -481,7 +485,8 @@ int main(int argc, char **argv) {
   gs_train_failure fail;
   gs_admission adm;
   bool have_adm = false;
-  Gpushare__V1__JobSpec run_spec = GPUSHARE__V1__JOB_SPEC__INIT;
+  gs_job_spec run_spec;
+  gs_job_spec_init(&run_spec);
   Gpushare__V1__OomReport *oom = NULL;
   gs_backend *cpu = gs_backend_cpu(), *b = cpu;
   capped_backend capped = {.inner = cpu, .cap = device_memory};
@@ -509,10 +514,9 @@ int main(int argc, char **argv) {
   /* The spec as it will run: --precision replaces the spec's (and
    * auto-fit its micro-batch and accumulation below), so the planner, the
    * runtime and an OOM report all see the same job. */
-  run_spec = *spec;
+  if (gs_spec_pb_job(spec, &run_spec, &e)) goto fail;
   if (opt.has_precision) {
-    run_spec.has_precision = true;
-    run_spec.precision = (Gpushare__V1__Precision)opt.precision;
+    run_spec.precision = opt.precision;
     opt.has_precision = false;
   }
   /* The spec is validated before any dataset is read. */
@@ -535,12 +539,12 @@ int main(int argc, char **argv) {
   limit = memory_limit ? memory_limit : total / 2;
 
   /* Plan and admission. */
-  bool fit_ok = auto_fit || (run_spec.has_auto_fit && run_spec.auto_fit);
+  bool fit_ok = auto_fit || run_spec.auto_fit;
   if (gs_plan_admit_policy(&run_spec, b, limit, policy, fit_ok && !no_admission, &adm, &e))
     goto fail;
   have_adm = true;
   if (plan_only) {
-    char *txt = json ? gs_plan_json(&adm.plan, limit) : gs_plan_format(&adm.plan, limit);
+    char *txt = json ? gs_plan_json(&adm.plan, limit) : plan_text(&adm.plan, limit, policy);
     if (!txt) {
       gs_err_set(&e, GS_INTERNAL, "", "out of host memory for the plan");
       goto fail;
@@ -557,7 +561,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (!adm.fits && !no_admission) {
-    char *txt = gs_plan_format(&adm.plan, limit);
+    char *txt = plan_text(&adm.plan, limit, policy);
     fflush(stdout);
     fprintf(stderr, "gpushare-run: the job does not fit its %s vdev: %s\n%s",
             memory_limit ? "--memory-limit" : "default (half the RAM)", adm.why, txt ? txt : "");
@@ -573,7 +577,6 @@ int main(int argc, char **argv) {
            run_spec.accumulation_steps, (uint64_t)adm.micro_batch * adm.accumulation_steps,
            gs_size_format(adm.plan.peak_bytes, a1, sizeof a1),
            gs_size_format(limit, a2, sizeof a2));
-    run_spec.has_batch_size = run_spec.has_accumulation_steps = true;
     run_spec.batch_size = adm.micro_batch;
     run_spec.accumulation_steps = adm.accumulation_steps;
   }
@@ -640,7 +643,7 @@ int main(int argc, char **argv) {
          "%" PRIu64 " train / %" PRIu64 " test examples, %" PRIu64 " steps (%" PRIu64
          " per epoch)\n",
          spec->name && spec->name[0] ? spec->name : job, gm->n_layers, gm->param_count,
-         precision_name(r->precision), r->batch_size, r->accumulation_steps,
+         gs_precision_name(r->precision), r->batch_size, r->accumulation_steps,
          r->batch_size * r->accumulation_steps, train.n, have_test ? test.n : 0,
          gs_train_total_steps(t), spe);
   fflush(stdout);
@@ -656,20 +659,24 @@ int main(int argc, char **argv) {
          res.cancelled ? "cancelled" : "done", res.steps, secs, (double)res.train_loss,
          (double)res.test_loss, (double)res.test_accuracy, (double)res.samples_per_second,
          res.peak_memory_bytes);
-  if (r->precision == GPUSHARE__V1__PRECISION__MIXED_FLOAT16)
+  if (r->precision == GS_PRECISION_MIXED_FLOAT16)
     printf(", loss_scale %g, skipped %" PRIu64, (double)res.loss_scale, res.skipped_steps);
   printf("\n");
   if (export) printf("weights written to %s\n", export);
   if (memory_report) {
-    Gpushare__V1__MemoryTimeline *tl = NULL;
+    gs_timeline tl;
+    Gpushare__V1__MemoryTimeline *tlm = NULL;
     char *txt = NULL;
-    if (gs_train_memory_timeline(t, planned_peak, &tl) == 0 &&
-        (txt = gs_plan_timeline_format(tl)))
+    if (gs_train_memory_timeline(t, planned_peak, &tl) == 0) {
+      if (gs_spec_pb_timeline(&tl, &tlm) == 0) txt = gs_present_timeline(tlm);
+      gs_timeline_free(&tl);
+    }
+    if (txt)
       printf("%s", txt);
     else
       fprintf(stderr, "gpushare-run: out of host memory for the memory report\n");
     free(txt);
-    if (tl) gpushare__v1__memory_timeline__free_unpacked(tl, NULL);
+    if (tlm) gpushare__v1__memory_timeline__free_unpacked(tlm, NULL);
   }
   if (json) {
     printf("{");
@@ -684,7 +691,7 @@ int main(int argc, char **argv) {
     json_num("loss_scale", res.loss_scale, false);
     printf("\"skipped_steps\":%" PRIu64 ",\"precision\":\"%s\",\"batch_size\":%u,"
            "\"accumulation_steps\":%u,\"parameters\":%" PRIu64 ",\"threads\":%d,",
-           res.skipped_steps, precision_name(r->precision), r->batch_size,
+           res.skipped_steps, gs_precision_name(r->precision), r->batch_size,
            r->accumulation_steps, gm->param_count, opt.threads);
     json_num("seconds", secs, true);
     printf(",\"cancelled\":%s}\n", res.cancelled ? "true" : "false");
@@ -700,9 +707,10 @@ fail:
     gs_err e2;
     gs_err_clear(&e2);
     char *txt = NULL;
-    if (gs_plan_oom_report(&run_spec, b, &fail, "gpushare-run", &oom, &e2) ==
-            0 &&
-        (txt = gs_plan_oom_format(oom)))
+    const gs_oom_where where = {.vdev = "gpushare-run"};
+    gs_oom_report rep;
+    if (gs_oom_report_build(&run_spec, b, &fail, &where, &rep, &e2) == 0 &&
+        gs_spec_pb_oom_report(&rep, &oom) == 0 && (txt = gs_present_oom(oom)))
       fprintf(stderr, "%s", txt);
     free(txt);
     if (json && oom) {
@@ -723,7 +731,8 @@ fail:
   }
   status = 1;
 out:
-  gs_plan_oom_report_free(oom);
+  if (oom) gpushare__v1__oom_report__free_unpacked(oom, NULL);
+  gs_spec_pb_job_free(&run_spec);
   if (have_adm) gs_admission_free(&adm);
   gs_train_destroy(t);
   gs_alloc_destroy(alloc);

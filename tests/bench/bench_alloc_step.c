@@ -26,6 +26,7 @@
 #include "runtime/data.h"
 #include "proto/gpushare.pb-c.h"
 #include "runtime/train.h"
+#include "runtime/spec_pb.h"
 
 static double now_ns(void) {
   struct timespec ts;
@@ -62,7 +63,8 @@ static int bench(const char *dir, const char *name, uint64_t steps, int threads)
   gs_err e;
   gs_err_clear(&e);
   gs_model m;
-  if (gs_model_build(spec, &m, &e)) {
+  gs_job_spec js;
+  if (gs_spec_pb_job(spec, &js, &e) || gs_model_build(&js, &m, &e)) {
     fprintf(stderr, "%s: %s\n", name, e.msg);
     return -1;
   }
@@ -99,7 +101,7 @@ static int bench(const char *dir, const char *name, uint64_t steps, int threads)
   gs_train_options o = {.threads = threads};
   gs_train *t;
   gs_train_failure fail;
-  if (gs_train_create(spec, b, a, &tr, NULL, &o, &t, &fail, &e)) {
+  if (gs_train_create(&js, b, a, &tr, NULL, &o, &t, &fail, &e)) {
     fprintf(stderr, "%s: %s\n", name, e.msg);
     gs_alloc_destroy(a);
     goto out_data;
@@ -127,6 +129,7 @@ out_data:
   gs_dataset_free(&tr);
 out_model:
   gs_model_free(&m);
+  gs_spec_pb_job_free(&js);
   gpushare__v1__job_spec__free_unpacked(spec, NULL);
   return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * fuzz_jobspec: a packed gpushare.v1.JobSpec through the model builder
- * (runtime/model.c: gs_model_build, recipe validation and shape
+ * (runtime/spec_pb.c: JobSpec -> gs_job_spec; runtime/model.c: gs_model_build, recipe validation and shape
  * inference) and the planner (runtime/plan.c: gs_plan_job, which walks
  * gs_train_buffers with the cpu backend's workspace queries; no tensor is
  * allocated). The same path serves gpushare-run --plan, `gpuctl plan` and
@@ -27,6 +27,8 @@
 #include "proto/gpushare.pb-c.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
+#include "runtime/spec_pb.h"
+#include "present/present.h"
 
 static void check_shape(const gs_shape *s, const gs_model *m) {
   if (s->rank != 1 && s->rank != 3) abort();
@@ -88,7 +90,7 @@ static void check_model(const gs_model *m) {
     abort();
 }
 
-static void check_plan(const Gpushare__V1__JobSpec *spec) {
+static void check_plan(const gs_job_spec *spec) {
   gs_err e;
   gs_err_clear(&e);
   gs_plan p;
@@ -105,10 +107,12 @@ static void check_plan(const Gpushare__V1__JobSpec *spec) {
     if (gs_plan_fits(&p, limits[i], GS_POLICY_GROWTH) &&
         !gs_plan_fits(&p, limits[i], GS_POLICY_PREALLOCATE))
       abort();
-  free(gs_plan_format(&p, p.peak_bytes / 2));
   free(gs_plan_json(&p, p.peak_bytes / 2));
   Gpushare__V1__Plan *msg = NULL;
-  if (gs_plan_message(&p, p.peak_bytes, &msg) == 0) gpushare__v1__plan__free_unpacked(msg, NULL);
+  if (gs_spec_pb_plan(&p, p.peak_bytes / 2, GS_POLICY_GROWTH, &msg) == 0) {
+    free(gs_present_plan(msg));
+    gpushare__v1__plan__free_unpacked(msg, NULL);
+  }
   gs_plan_free(&p);
 }
 
@@ -118,15 +122,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gs_err e;
   gs_err_clear(&e);
   gs_model m;
-  int rc = gs_model_build(spec, &m, &e);
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(spec, &js, &e);
+  if (rc) abort(); /* only a NULL spec or no memory fail the conversion */
+  rc = gs_model_build(&js, &m, &e);
   if (rc != 0) {
     if (rc > 0 || e.code == GS_OK || !e.msg[0]) abort();
   } else {
     if (e.code != GS_OK) abort();
     check_model(&m);
     gs_model_free(&m);
-    check_plan(spec);
+    check_plan(&js);
   }
+  gs_spec_pb_job_free(&js);
   gpushare__v1__job_spec__free_unpacked(spec, NULL);
   return 0;
 }

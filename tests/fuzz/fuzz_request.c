@@ -33,6 +33,8 @@
 #include "control/datasets.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
+#include "runtime/spec_pb.h"
+#include "present/present.h"
 #include "control/store.h"
 #include "tests/fuzz/fuzz_tmp.h"
 #include "proto/wire.h"
@@ -137,19 +139,21 @@ static void plan(const Gpushare__V1__JobSpec *spec, uint64_t limit) {
   gs_err e;
   gs_err_clear(&e);
   gs_plan p;
-  int rc = gs_plan_job(spec, gs_backend_cpu(), &p, &e);
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(spec, &js, &e);
+  if (rc == 0) rc = gs_plan_job(&js, gs_backend_cpu(), &p, &e);
+  gs_spec_pb_job_free(&js);
   check_refusal(rc, &e);
   if (rc) return;
-  char *text = gs_plan_format(&p, limit);
   char *json = gs_plan_json(&p, limit);
   Gpushare__V1__Plan *msg = NULL;
-  if (gs_plan_message(&p, limit, &msg) == 0) {
+  if (gs_spec_pb_plan(&p, limit, GS_POLICY_GROWTH, &msg) == 0) {
+    msg->summary = gs_present_plan(msg);
     uint8_t *frame;
     size_t n;
     if (gs_wire_frame(&msg->base, &frame, &n) == 0) free(frame);
     gpushare__v1__plan__free_unpacked(msg, NULL);
   }
-  free(text);
   free(json);
   gs_plan_free(&p);
 }
@@ -160,11 +164,17 @@ static void submit(const Gpushare__V1__JobSpec *spec) {
   gs_err e;
   gs_err_clear(&e);
   gs_model m;
-  int rc = gs_model_build(spec, &m, &e);
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(spec, &js, &e);
+  if (rc == 0) rc = gs_model_build(&js, &m, &e);
   check_refusal(rc, &e);
-  if (rc) return;
+  if (rc) {
+    gs_spec_pb_job_free(&js);
+    return;
+  }
   if (!spec->train || spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) {
     gs_model_free(&m);
+    gs_spec_pb_job_free(&js);
     return;
   }
   datasets(spec->train, "spec.train");
@@ -173,7 +183,8 @@ static void submit(const Gpushare__V1__JobSpec *spec) {
   gs_admission adm;
   gs_err_clear(&e);
   bool auto_fit = spec->has_auto_fit && spec->auto_fit;
-  rc = gs_plan_admit(spec, gs_backend_cpu(), 256ull << 20, auto_fit, &adm, &e);
+  rc = gs_plan_admit(&js, gs_backend_cpu(), 256ull << 20, auto_fit, &adm, &e);
+  gs_spec_pb_job_free(&js);
   check_refusal(rc, &e);
   if (rc) return;
   if (adm.fits && !gs_plan_fits(&adm.plan, 256ull << 20, GS_POLICY_GROWTH)) abort();

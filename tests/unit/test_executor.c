@@ -31,6 +31,7 @@
 #include "proto/wire.h"
 #include "kernels/backend.h"
 #include "runtime/plan.h"
+#include "runtime/spec_pb.h"
 
 #ifndef GS_EXECUTOR_PATH
 #error "GS_EXECUTOR_PATH must name the built gpushare-executor"
@@ -422,7 +423,10 @@ Test(executor, an_oom_report_says_what_would_fit, .timeout = 600) {
   job_spec_init(&js, 30, 2);
   gs_plan plan;
   gs_err e;
-  cr_assert_eq(gs_plan_job(&js.spec, gs_backend_cpu(), &plan, &e), 0, "%s", e.msg);
+  gs_job_spec rs;
+  cr_assert_eq(gs_spec_pb_job(&js.spec, &rs, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_plan_job(&rs, gs_backend_cpu(), &plan, &e), 0, "%s", e.msg);
+  gs_spec_pb_job_free(&rs);
   uint64_t limit = plan.peak_bytes - 256;
   gs_plan_free(&plan);
 

@@ -219,19 +219,19 @@ Test(model, window_ranges) {
   ts_flatten(t);
   ts_dense(t, 2, false);
   expect_err(t, "model.layer[0].conv2d.kernel_size", "kernel 0 is out of range");
-  t->conv[0].kernel_size = 3;
-  t->conv[0].stride = 0;
+  t->layer[0].kernel_size = 3;
+  t->layer[0].stride = 0;
   expect_err(t, "model.layer[0].conv2d.stride", "stride 0");
-  t->conv[0].stride = 1;
-  t->conv[0].filters = 0;
+  t->layer[0].stride = 1;
+  t->layer[0].filters = 0;
   expect_err(t, "model.layer[0].conv2d.filters", "filters 0");
-  t->conv[0].filters = 2;
-  t->conv[0].padding = 9;
+  t->layer[0].filters = 2;
+  t->layer[0].padding = 9;
   expect_err(t, "model.layer[0].conv2d.padding", "padding 9");
-  t->conv[0].padding = 0;
-  t->dense[2].units = 0;
+  t->layer[0].padding = 0;
+  t->layer[2].units = 0;
   expect_err(t, "model.layer[2].dense.units", "units 0");
-  t->dense[2].units = 1;
+  t->layer[2].units = 1;
   expect_err(t, "model.layer", "at least 2 classes");
   free(t);
 }
@@ -251,17 +251,17 @@ Test(model, names) {
 
 Test(model, no_kind_no_layers_no_input) {
   tspec *t = mlp();
-  t->layer[2].kind_case = GPUSHARE__V1__LAYER__KIND__NOT_SET;
+  t->layer[2].kind = GS_LAYER_KIND_COUNT;
   expect_err(t, "model.layer[2]", "has no kind");
-  t->layer[2].kind_case = GPUSHARE__V1__LAYER__KIND_DENSE;
-  t->model.n_layer = 0;
+  t->layer[2].kind = GS_LAYER_DENSE;
+  t->spec.n_layers = 0;
   expect_err(t, "model.layer", "0 layers");
-  t->model.n_layer = 4;
-  t->input.width = 0;
+  t->spec.n_layers = 4;
+  t->spec.input.width = 0;
   expect_err(t, "model.input.width", "width 0");
-  t->model.input = NULL;
+  t->spec.has_input = false;
   expect_err(t, "model.input", NULL);
-  t->spec.model = NULL;
+  t->spec.has_model = false;
   expect_err(t, "model", NULL);
   free(t);
 }
@@ -285,7 +285,7 @@ Test(model, recipe_bounds) {
   expect_err(t, "epochs", "10001");
   ts_recipe(t, 8, 1, 1, 0, 3);
   expect_err(t, "precision", "precision 3");
-  ts_recipe(t, 8, 1, 1, 0, GPUSHARE__V1__PRECISION__MIXED_FLOAT16);
+  ts_recipe(t, 8, 1, 1, 0, GS_PRECISION_MIXED_FLOAT16);
   ts_loss_scale(t, 0.0f, 10);
   expect_err(t, "loss_scale.initial", "> 0");
   ts_loss_scale(t, INFINITY, 10);
@@ -309,37 +309,37 @@ Test(model, optimizer_bounds) {
   ts_adam(t, -1.0f);
   expect_err(t, "optimizer.adam.learning_rate", NULL);
   ts_adam(t, 1e-3f);
-  t->adam.beta1 = 1.0f;
+  t->spec.optimizer.adam.beta1 = 1.0f;
   expect_err(t, "optimizer.adam.beta1", "[0, 1)");
-  t->adam.beta1 = 0.9f;
-  t->adam.beta2 = -0.1f;
+  t->spec.optimizer.adam.beta1 = 0.9f;
+  t->spec.optimizer.adam.beta2 = -0.1f;
   expect_err(t, "optimizer.adam.beta2", NULL);
-  t->adam.beta2 = 0.999f;
-  t->adam.epsilon = 0.0f;
+  t->spec.optimizer.adam.beta2 = 0.999f;
+  t->spec.optimizer.adam.epsilon = 0.0f;
   expect_err(t, "optimizer.adam.epsilon", "> 0");
-  t->adam.epsilon = 1e-7f;
-  t->adam.weight_decay = -1.0f;
+  t->spec.optimizer.adam.epsilon = 1e-7f;
+  t->spec.optimizer.adam.weight_decay = -1.0f;
   expect_err(t, "optimizer.adam.weight_decay", ">= 0");
-  t->adam.weight_decay = INFINITY;
+  t->spec.optimizer.adam.weight_decay = INFINITY;
   expect_err(t, "optimizer.adam.weight_decay", NULL);
-  t->adam.weight_decay = 0.01f;
-  t->adam.decoupled = 1;
+  t->spec.optimizer.adam.weight_decay = 0.01f;
+  t->spec.optimizer.adam.decoupled = 1;
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
   cr_expect(m.recipe.decoupled);
   gs_model_free(&m);
   ts_sgd(t, 0.1f, 1.0f);
   expect_err(t, "optimizer.sgd.momentum", "[0, 1)");
   ts_sgd(t, 0.1f, 0.0f);
-  t->sgd.nesterov = 1;
+  t->spec.optimizer.sgd.nesterov = 1;
   expect_err(t, "optimizer.sgd.nesterov", "momentum");
   ts_sgd(t, 0.1f, 0.9f);
-  t->sgd.nesterov = 1;
+  t->spec.optimizer.sgd.nesterov = 1;
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
   cr_expect(!m.recipe.adam);
   cr_expect_eq(m.recipe.optimizer_slots, 1);
   gs_model_free(&m);
   ts_sgd(t, 0.1f, 0.0f);
-  t->sgd.nesterov = 0;
+  t->spec.optimizer.sgd.nesterov = 0;
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
   cr_expect_eq(m.recipe.optimizer_slots, 0, "plain SGD keeps no state");
   free(t);
@@ -348,19 +348,19 @@ Test(model, optimizer_bounds) {
 Test(model, learning_rate_schedule) {
   tspec *t = mlp();
   ts_adam(t, 1e-3f);
-  Gpushare__V1__LearningRateSchedule ls = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__INIT;
-  t->opt.schedule = &ls;
-  ls.kind = (Gpushare__V1__LearningRateSchedule__Kind)7;
+  gs_spec_schedule *ls = &t->spec.optimizer.schedule;
+  t->spec.optimizer.has_schedule = true;
+  ls->kind = (gs_lr_schedule)7;
   expect_err(t, "optimizer.schedule.kind", "CONSTANT or COSINE");
-  ls.kind = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__COSINE;
-  ls.final_fraction = 1.5f;
+  ls->kind = GS_LR_COSINE;
+  ls->final_fraction = 1.5f;
   expect_err(t, "optimizer.schedule.final_fraction", "1.5");
-  ls.final_fraction = NAN;
+  ls->final_fraction = NAN;
   expect_err(t, "optimizer.schedule.final_fraction", NULL);
-  ls.final_fraction = 0.1f;
-  ls.warmup_steps = 200000000u;
+  ls->final_fraction = 0.1f;
+  ls->warmup_steps = 200000000u;
   expect_err(t, "optimizer.schedule.warmup_steps", "200000000");
-  ls.warmup_steps = 10;
+  ls->warmup_steps = 10;
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
   const gs_recipe *r = &m.recipe;
   /* Warm-up: linear to the full rate at step 9 (0-based). */
@@ -376,8 +376,8 @@ Test(model, learning_rate_schedule) {
     cr_expect_leq(gs_recipe_learning_rate(r, s, 110), gs_recipe_learning_rate(r, s - 1, 110),
                   "the cosine never rises (step %llu)", (unsigned long long)s);
   gs_model_free(&m);
-  ls.kind = GPUSHARE__V1__LEARNING_RATE_SCHEDULE__KIND__CONSTANT;
-  ls.warmup_steps = 0;
+  ls->kind = GS_LR_CONSTANT;
+  ls->warmup_steps = 0;
   cr_assert_eq(gs_model_build(&t->spec, &m, &e), 0, "%s", e.msg);
   cr_expect_float_eq(gs_recipe_learning_rate(&m.recipe, 0, 10), 1e-3f, 0);
   cr_expect_float_eq(gs_recipe_learning_rate(&m.recipe, 9, 10), 1e-3f, 0);
@@ -401,8 +401,8 @@ Test(model, dataset_check) {
 
 Test(model, too_many_layers) {
   tspec *t = mlp();
-  t->model.n_layer = GS_MODEL_MAX_LAYERS + 1;
+  t->spec.n_layers = GS_MODEL_MAX_LAYERS + 1;
   expect_err(t, "model.layer", "1001 layers");
-  t->model.n_layer = 4;
+  t->spec.n_layers = 4;
   free(t);
 }

@@ -21,8 +21,11 @@
 
 #include "runtime/alloc.h"
 #include "runtime/data.h"
+#include "runtime/oom.h"
 #include "runtime/plan.h"
+#include "runtime/spec_pb.h"
 #include "runtime/train.h"
+#include "present/present.h"
 
 static gs_backend *B;
 static gs_err e;
@@ -36,7 +39,14 @@ TestSuite(plan, .init = setup, .timeout = 900);
 
 /* ----------------------------------------------------------- fixtures --- */
 
-static Gpushare__V1__JobSpec *load_example(const char *name) {
+/* An example job: the decoded message and the runtime's spec of it (first,
+ * so a gs_job_spec * is the example). */
+typedef struct example {
+  gs_job_spec spec;
+  Gpushare__V1__JobSpec *pb;
+} example;
+
+static gs_job_spec *load_example(const char *name) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s.pb", GS_EXAMPLES_PB_DIR, name);
   FILE *f = fopen(path, "rb");
@@ -45,38 +55,65 @@ static Gpushare__V1__JobSpec *load_example(const char *name) {
   static uint8_t buf[1 << 16];
   size_t n = fread(buf, 1, sizeof buf, f);
   fclose(f);
-  Gpushare__V1__JobSpec *s = gpushare__v1__job_spec__unpack(NULL, n, buf);
-  cr_assert_not_null(s, "%s does not decode as a JobSpec", path);
-  return s;
+  example *x = calloc(1, sizeof *x);
+  cr_assert_not_null(x);
+  x->pb = gpushare__v1__job_spec__unpack(NULL, n, buf);
+  cr_assert_not_null(x->pb, "%s does not decode as a JobSpec", path);
+  cr_assert_eq(gs_spec_pb_job(x->pb, &x->spec, &e), 0, "%s", e.msg);
+  return &x->spec;
 }
 
-static Gpushare__V1__JobSpec with(const Gpushare__V1__JobSpec *s, uint32_t micro, uint32_t accum,
-                                  int precision) {
-  Gpushare__V1__JobSpec v = *s;
-  if (micro) {
-    v.has_batch_size = true;
-    v.batch_size = micro;
-  }
-  if (accum) {
-    v.has_accumulation_steps = true;
-    v.accumulation_steps = accum;
-  }
-  if (precision >= 0) {
-    v.has_precision = true;
-    v.precision = (Gpushare__V1__Precision)precision;
-  }
+static void free_example(gs_job_spec *s) {
+  example *x = (example *)s;
+  gs_spec_pb_job_free(&x->spec);
+  gpushare__v1__job_spec__free_unpacked(x->pb, NULL);
+  free(x);
+}
+
+static gs_job_spec with(const gs_job_spec *s, uint32_t micro, uint32_t accum, int precision) {
+  gs_job_spec v = *s;
+  if (micro) v.batch_size = micro;
+  if (accum) v.accumulation_steps = accum;
+  if (precision >= 0) v.precision = (gs_precision)precision;
   return v;
 }
 
 /* Synthetic examples shaped like the spec's input: two effective batches. */
-static void synth_for(const Gpushare__V1__JobSpec *s, uint64_t n, gs_dataset *d) {
-  const Gpushare__V1__InputShape *in = s->model->input;
-  uint32_t classes = 0;
-  const Gpushare__V1__Model *m = s->model;
-  const Gpushare__V1__Layer *last = m->layer[m->n_layer - 1];
-  classes = last->dense->units;
+static void synth_for(const gs_job_spec *s, uint64_t n, gs_dataset *d) {
+  const gs_spec_input *in = &s->input;
+  uint32_t classes = s->layers[s->n_layers - 1].units;
   cr_assert_eq(gs_dataset_synthetic(n, in->height, in->width, in->channels, classes, 5, d, &e), 0,
                "%s", e.msg);
+}
+
+/* The plan table, as every surface prints it: through the message. */
+static char *plan_text(const gs_plan *p, uint64_t limit) {
+  Gpushare__V1__Plan *m = NULL;
+  cr_assert_eq(gs_spec_pb_plan(p, limit, GS_POLICY_GROWTH, &m), 0);
+  char *txt = gs_present_plan(m);
+  gpushare__v1__plan__free_unpacked(m, NULL);
+  return txt;
+}
+
+/* The memory timeline as the executor sends it. */
+static int timeline_msg(const gs_train *t, uint64_t planned, Gpushare__V1__MemoryTimeline **out) {
+  gs_timeline tl;
+  int rc = gs_train_memory_timeline(t, planned, &tl);
+  if (rc) return rc;
+  rc = gs_spec_pb_timeline(&tl, out);
+  gs_timeline_free(&tl);
+  return rc;
+}
+
+/* The OOM report as the daemon stores it (the one builder, as a message). */
+static int oom_report(const gs_job_spec *s, const gs_backend *b, const gs_train_failure *f,
+                      const char *vdev, Gpushare__V1__OomReport **out, gs_err *err) {
+  gs_oom_report r;
+  const gs_oom_where w = {.vdev = vdev};
+  *out = NULL;
+  int rc = gs_oom_report_build(s, b, f, &w, &r, err);
+  if (rc) return rc;
+  return gs_spec_pb_oom_report(&r, out);
 }
 
 typedef struct role_sum {
@@ -90,7 +127,7 @@ static void sum_tag(void *u, const char *layer, gs_role role, uint64_t bytes) {
 
 /* Plan, create, run one step; returns the relative error of the measured
  * peak against the plan. */
-static double plan_vs_measured(const Gpushare__V1__JobSpec *spec, const char *label,
+static double plan_vs_measured(const gs_job_spec *spec, const char *label,
                                const gs_dataset *test) {
   gs_plan p;
   cr_assert_eq(gs_plan_job(spec, B, &p, &e), 0, "%s: plan: %s: %s", label, e.field, e.msg);
@@ -130,18 +167,18 @@ static double plan_vs_measured(const Gpushare__V1__JobSpec *spec, const char *la
   return err;
 }
 
-static const int precisions[3] = {GPUSHARE__V1__PRECISION__FLOAT32,
-                                  GPUSHARE__V1__PRECISION__MIXED_FLOAT16,
-                                  GPUSHARE__V1__PRECISION__MIXED_BFLOAT16};
+static const gs_precision precisions[3] = {GS_PRECISION_FLOAT32,
+                                  GS_PRECISION_MIXED_FLOAT16,
+                                  GS_PRECISION_MIXED_BFLOAT16};
 static const char *const pnames[3] = {"float32", "mixed_float16", "mixed_bfloat16"};
 
 static void example_case(const char *name, uint32_t micro2, uint32_t accum2) {
-  Gpushare__V1__JobSpec *s = load_example(name);
+  gs_job_spec *s = load_example(name);
   double worst = 0;
   for (int i = 0; i < 3; i++) {
     char label[128];
     snprintf(label, sizeof label, "%s %s", name, pnames[i]);
-    Gpushare__V1__JobSpec v = with(s, 0, 0, precisions[i]);
+    gs_job_spec v = with(s, 0, 0, precisions[i]);
     double err = plan_vs_measured(&v, label, NULL);
     if (err > worst) worst = err;
     /* A micro-batch / accumulation variant of the same effective batch. */
@@ -151,7 +188,7 @@ static void example_case(const char *name, uint32_t micro2, uint32_t accum2) {
     if (err > worst) worst = err;
   }
   cr_log_info("%s: worst planner error %.4f%%", name, worst * 100.0);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 /* ------------------------------------------------ planner vs measurement --- */
@@ -163,17 +200,17 @@ Test(plan, mobilenet_within_5_percent) { example_case("fashion-mobilenet", 32, 4
 Test(plan, partial_test_batch_is_planned) {
   /* synthetic-small: test 512 examples; micro-batch 48 leaves a last test
    * micro-batch of 32, whose workspace the op scratch covers too. */
-  Gpushare__V1__JobSpec *s = load_example("synthetic-small");
-  Gpushare__V1__JobSpec v = with(s, 48, 1, -1);
+  gs_job_spec *s = load_example("synthetic-small");
+  gs_job_spec v = with(s, 48, 1, -1);
   gs_dataset te;
   synth_for(&v, 512, &te);
   plan_vs_measured(&v, "synthetic-small 48x1 test 512", &te);
   gs_dataset_free(&te);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, rows_and_table) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mlp");
+  gs_job_spec *s = load_example("fashion-mlp");
   gs_plan p;
   cr_assert_eq(gs_plan_job(s, B, &p, &e), 0);
   cr_expect_eq(p.n_rows, 5, "flatten, 3 dense, job");
@@ -193,14 +230,14 @@ Test(plan, rows_and_table) {
   uint64_t sum = 0;
   for (int r = 0; r < GS_ROLE_COUNT; r++) sum += p.by_role[r];
   cr_expect_eq(sum, p.peak_bytes);
-  char *txt = gs_plan_format(&p, p.peak_bytes + (1u << 20));
+  char *txt = plan_text(&p, p.peak_bytes + (1u << 20));
   cr_assert_not_null(txt);
   cr_expect(strstr(txt, "dense_1 ") && strstr(txt, "(128, 256)") &&
                 strstr(txt, "200,960") && strstr(txt, "Predicted peak") &&
                 strstr(txt, "fits (1.00 MiB to spare)"),
             "%s", txt);
   free(txt);
-  txt = gs_plan_format(&p, p.peak_bytes - (2u << 20));
+  txt = plan_text(&p, p.peak_bytes - (2u << 20));
   cr_expect(strstr(txt, "does NOT fit by 2.00 MiB"), "%s", txt);
   free(txt);
   char *js = gs_plan_json(&p, 0);
@@ -210,7 +247,8 @@ Test(plan, rows_and_table) {
             "%s", js);
   free(js);
   Gpushare__V1__Plan *pm;
-  cr_assert_eq(gs_plan_message(&p, 1u << 20, &pm), 0);
+  cr_assert_eq(gs_spec_pb_plan(&p, 1u << 20, GS_POLICY_GROWTH, &pm), 0);
+  pm->summary = gs_present_plan(pm);
   cr_expect_eq(pm->n_row, 5);
   cr_expect_eq(pm->peak_bytes, p.peak_bytes);
   cr_expect(!pm->fits);
@@ -218,26 +256,25 @@ Test(plan, rows_and_table) {
   cr_expect(strstr(pm->summary, "does NOT fit"));
   gpushare__v1__plan__free_unpacked(pm, NULL);
   gs_plan_free(&p);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, invalid_spec_names_the_field) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mlp");
-  Gpushare__V1__JobSpec v = with(s, 0, 0, -1);
-  v.has_batch_size = true;
+  gs_job_spec *s = load_example("fashion-mlp");
+  gs_job_spec v = with(s, 0, 0, -1);
   v.batch_size = 0;
   gs_plan p;
   cr_expect_lt(gs_plan_job(&v, B, &p, &e), 0);
   cr_expect_eq(e.code, GS_INVALID_ARGUMENT);
   cr_expect_str_eq(e.field, "batch_size");
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 /* ---------------------------------------------- admission and auto-fit --- */
 
-static uint64_t peak_of(const Gpushare__V1__JobSpec *s, uint32_t micro, uint32_t accum,
+static uint64_t peak_of(const gs_job_spec *s, uint32_t micro, uint32_t accum,
                         int precision) {
-  Gpushare__V1__JobSpec v = with(s, micro, accum, precision);
+  gs_job_spec v = with(s, micro, accum, precision);
   gs_plan p;
   cr_assert_eq(gs_plan_job(&v, B, &p, &e), 0, "%s", e.msg);
   uint64_t pk = p.peak_bytes;
@@ -249,7 +286,7 @@ Test(plan, admission_fits_refuses_and_auto_fits) {
   /* PREALLOCATE packs the job's blocks end to end: a limit of exactly the
    * peak fits, so the boundaries below are exact. */
   const gs_alloc_policy PRE = GS_POLICY_PREALLOCATE;
-  Gpushare__V1__JobSpec *s = load_example("fashion-cnn");
+  gs_job_spec *s = load_example("fashion-cnn");
   uint64_t p128 = peak_of(s, 128, 1, -1), p64 = peak_of(s, 64, 2, -1);
   cr_assert_lt(p64, p128);
   gs_admission ad;
@@ -279,7 +316,7 @@ Test(plan, admission_fits_refuses_and_auto_fits) {
   gs_admission_free(&ad);
   /* An effective batch of 96 (32 x 3) under a limit that only 12 x 8 meets:
    * 16 and 24 divide 96 but do not fit; 12 is the largest that does. */
-  Gpushare__V1__JobSpec v = with(s, 32, 3, -1);
+  gs_job_spec v = with(s, 32, 3, -1);
   uint64_t p12 = peak_of(s, 12, 8, -1), p16 = peak_of(s, 16, 6, -1);
   cr_assert_lt(p12, p16);
   cr_assert_eq(gs_plan_admit_policy(&v, B, p12, PRE, true, &ad, &e), 0);
@@ -293,11 +330,11 @@ Test(plan, admission_fits_refuses_and_auto_fits) {
   cr_expect(gs_plan_fits(&ad.plan, limit, GS_POLICY_GROWTH));
   cr_expect_leq(ad.micro_batch, 64);
   gs_admission_free(&ad);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, nothing_fits_names_the_dominating_role) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-cnn");
+  gs_job_spec *s = load_example("fashion-cnn");
   gs_admission ad;
   /* 3.3 M parameters x (weights, gradients, Adam m, v) = 52 MB: no batch
    * size fits 16 MiB. */
@@ -308,7 +345,7 @@ Test(plan, nothing_fits_names_the_dominating_role) {
                 strstr(ad.why, "mixed precision would not help"),
             "%s", ad.why);
   gs_admission_free(&ad);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
   /* mobilenet: parameters are small; one example's activations are not the
    * problem at 1 MiB, the fixed part is, but with a limit just under the
    * micro-batch-1 peak the message names the batch-dependent role. */
@@ -318,13 +355,13 @@ Test(plan, nothing_fits_names_the_dominating_role) {
   cr_expect(!ad.fits);
   cr_expect(strstr(ad.why, "even at micro-batch 1"), "%s", ad.why);
   gs_admission_free(&ad);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, suggestions_fit_and_offer_mixed_precision) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mobilenet");
+  gs_job_spec *s = load_example("fashion-mobilenet");
   uint64_t p128 = peak_of(s, 128, 1, -1);
-  uint64_t mixed = peak_of(s, 128, 1, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16);
+  uint64_t mixed = peak_of(s, 128, 1, GS_PRECISION_MIXED_BFLOAT16);
   cr_assert_lt(mixed, p128, "activations dominate mobilenet: 16-bit storage saves");
   uint64_t limit = p128 * 7 / 10;
   gs_plan_suggestion sg[4];
@@ -340,13 +377,13 @@ Test(plan, suggestions_fit_and_offer_mixed_precision) {
     cr_expect_eq((uint64_t)sg[i].micro_batch * sg[i].accumulation_steps, 128);
     cr_expect_eq(sg[i].predicted_peak_bytes,
                  peak_of(s, sg[i].micro_batch, sg[i].accumulation_steps, sg[i].precision));
-    if (sg[i].precision == GPUSHARE__V1__PRECISION__FLOAT32) {
+    if (sg[i].precision == GS_PRECISION_FLOAT32) {
       saw_micro = true;
       /* the largest: twice it does not fit */
       if (sg[i].micro_batch < 128)
         cr_expect_gt(peak_of(s, sg[i].micro_batch * 2, sg[i].accumulation_steps / 2, -1), limit);
     }
-    if (sg[i].precision == GPUSHARE__V1__PRECISION__MIXED_BFLOAT16) {
+    if (sg[i].precision == GS_PRECISION_MIXED_BFLOAT16) {
       saw_mixed = true;
       cr_expect(strstr(sg[i].what, "mixed_bfloat16"), "%s", sg[i].what);
     }
@@ -355,7 +392,7 @@ Test(plan, suggestions_fit_and_offer_mixed_precision) {
   /* No room at all: no suggestion. */
   cr_assert_eq(gs_plan_suggest(s, B, 4096, sg, 4, &n, &e), 0);
   cr_expect_eq(n, 0);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 /* --------------------------------------------------------- OOM reports --- */
@@ -391,7 +428,7 @@ static void capped_init(capped *c, size_t cap) {
   c->used = 0;
 }
 
-static Gpushare__V1__OomReport *fail_and_report(const Gpushare__V1__JobSpec *s, gs_backend *b,
+static Gpushare__V1__OomReport *fail_and_report(const gs_job_spec *s, gs_backend *b,
                                                 gs_alloc *a, gs_train_failure *f) {
   gs_dataset tr;
   synth_for(s, 256, &tr);
@@ -406,13 +443,13 @@ static Gpushare__V1__OomReport *fail_and_report(const Gpushare__V1__JobSpec *s, 
   cr_expect_eq(st.in_use, 0, "the failed job returned all its memory");
   cr_expect_eq(st.live_blocks, 0);
   Gpushare__V1__OomReport *r;
-  cr_assert_eq(gs_plan_oom_report(s, b, f, "team-a/small", &r, &e), 0, "%s", e.msg);
+  cr_assert_eq(oom_report(s, b, f, "team-a/small", &r, &e), 0, "%s", e.msg);
   gs_dataset_free(&tr);
   return r;
 }
 
 Test(plan, oom_report_quota) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mlp");
+  gs_job_spec *s = load_example("fashion-mlp");
   uint64_t peak = peak_of(s, 0, 0, -1);
   uint64_t limit = peak - (64u << 10);
   gs_alloc *a;
@@ -436,22 +473,22 @@ Test(plan, oom_report_quota) {
     cr_expect_leq(r->suggestion[i]->predicted_peak_bytes, limit, "%s", r->suggestion[i]->what);
   cr_expect_eq(r->suggestion[0]->micro_batch, 64);
   cr_expect_eq(r->suggestion[0]->accumulation_steps, 2);
-  char *txt = gs_plan_oom_format(r);
+  char *txt = gs_present_oom(r);
   cr_expect(strstr(txt, "QUOTA") && strstr(txt, r->layer) && strstr(txt, "micro-batch 64 x 2"),
             "%s", txt);
   cr_log_info("%s", txt);
   free(txt);
-  gs_plan_oom_report_free(r);
+  gpushare__v1__oom_report__free_unpacked(r, NULL);
   gs_alloc_trim(a);
   gs_alloc_stats st;
   gs_alloc_stats_get(a, &st);
   cr_expect_eq(st.reserved, 0, "trimmed, the vdev holds no region");
   gs_alloc_destroy(a);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, oom_report_physical) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mlp");
+  gs_job_spec *s = load_example("fashion-mlp");
   capped c;
   capped_init(&c, 3u << 20); /* the device: 3 MiB; the vdev's limit: 1 GiB */
   gs_alloc *a;
@@ -465,21 +502,21 @@ Test(plan, oom_report_physical) {
   for (size_t i = 0; i < r->n_suggestion; i++)
     cr_expect_leq(r->suggestion[i]->predicted_peak_bytes, r->reserved_bytes, "%s",
                   r->suggestion[i]->what);
-  char *txt = gs_plan_oom_format(r);
+  char *txt = gs_present_oom(r);
   cr_expect(strstr(txt, "PHYSICAL"), "%s", txt);
   cr_log_info("%s", txt);
   free(txt);
-  gs_plan_oom_report_free(r);
+  gpushare__v1__oom_report__free_unpacked(r, NULL);
   gs_alloc_destroy(a);
   cr_expect_eq(c.used, 0, "every region went back to the device");
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, oom_report_fragmentation) {
   /* A PREALLOCATE vdev three times the job's peak, cut into 64 KiB blocks of
    * which every other is still held: half the vdev is free, no free block
    * holds dense_1's 784 KiB kernel. */
-  Gpushare__V1__JobSpec *s = load_example("fashion-mlp");
+  gs_job_spec *s = load_example("fashion-mlp");
   uint64_t peak = peak_of(s, 0, 0, -1);
   uint64_t limit = 3 * peak;
   gs_alloc *a;
@@ -503,34 +540,34 @@ Test(plan, oom_report_fragmentation) {
   gs_alloc_stats_get(a, &st);
   cr_expect_eq(st.live_blocks, got / 2, "only the other job's blocks are live");
   Gpushare__V1__OomReport *r;
-  cr_assert_eq(gs_plan_oom_report(s, B, &f, NULL, &r, &e), 0);
+  cr_assert_eq(oom_report(s, B, &f, NULL, &r, &e), 0);
   cr_expect_eq(r->cause, GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION);
   cr_expect_gt(r->fragmentation, 0.5f);
   cr_expect_lt(r->largest_free_bytes, gs_alloc_block_size(r->bytes));
   cr_expect(strstr(r->explanation, "fragmented"), "%s", r->explanation);
-  char *txt = gs_plan_oom_format(r);
+  char *txt = gs_present_oom(r);
   cr_expect(strstr(txt, "FRAGMENTATION"), "%s", txt);
   free(txt);
-  gs_plan_oom_report_free(r);
+  gpushare__v1__oom_report__free_unpacked(r, NULL);
   for (size_t i = 1; i < got; i += 2) gs_alloc_free(a, blk[i]);
   free(blk);
   gs_alloc_destroy(a);
   gs_dataset_free(&tr);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, oom_report_refuses_a_non_oom_failure) {
   gs_train_failure f;
   memset(&f, 0, sizeof f);
   Gpushare__V1__OomReport *r = (Gpushare__V1__OomReport *)1;
-  cr_expect_eq(gs_plan_oom_report(NULL, B, &f, NULL, &r, &e), -EINVAL);
+  cr_expect_eq(oom_report(NULL, B, &f, NULL, &r, &e), -EINVAL);
   cr_expect_null(r);
 }
 
 /* ------------------------------------------------------ memory timeline --- */
 
 Test(plan, timeline_per_step_and_at_peak) {
-  Gpushare__V1__JobSpec *s = load_example("synthetic-small");
+  gs_job_spec *s = load_example("synthetic-small");
   gs_plan p;
   cr_assert_eq(gs_plan_job(s, B, &p, &e), 0);
   gs_dataset tr;
@@ -543,7 +580,7 @@ Test(plan, timeline_per_step_and_at_peak) {
   bool done;
   cr_assert_eq(gs_train_steps(t, 3, &done, &e), 0, "%s", e.msg);
   Gpushare__V1__MemoryTimeline *tl;
-  cr_assert_eq(gs_train_memory_timeline(t, p.peak_bytes, &tl), 0);
+  cr_assert_eq(timeline_msg(t, p.peak_bytes, &tl), 0);
   cr_assert_eq(tl->n_step, 3);
   for (size_t i = 0; i < 3; i++) {
     cr_expect_eq(tl->step[i]->step, i + 1);
@@ -564,7 +601,7 @@ Test(plan, timeline_per_step_and_at_peak) {
   }
   cr_expect_eq(sum, p.peak_bytes);
   cr_expect_eq(tl->at_peak[0]->master_bytes, p.rows[1].bytes[GS_ROLE_MASTER]);
-  char *txt = gs_plan_timeline_format(tl);
+  char *txt = gs_present_timeline(tl);
   cr_expect(strstr(txt, "step        3 |") && strstr(txt, "dense_1") && strstr(txt, "+0.00%"),
             "%s", txt);
   free(txt);
@@ -573,14 +610,14 @@ Test(plan, timeline_per_step_and_at_peak) {
   gs_alloc_destroy(a);
   gs_dataset_free(&tr);
   gs_plan_free(&p);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 Test(plan, timeline_merges_long_runs) {
   /* 1100 steps of a tiny job: the table stays bounded, entries cover more
    * steps each, the last entry ends at the last step. */
-  Gpushare__V1__JobSpec *s = load_example("synthetic-small");
-  Gpushare__V1__JobSpec v = with(s, 4, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  gs_job_spec *s = load_example("synthetic-small");
+  gs_job_spec v = with(s, 4, 1, GS_PRECISION_FLOAT32);
   gs_dataset tr;
   synth_for(&v, 4 * 1100, &tr);
   gs_alloc *a;
@@ -592,7 +629,7 @@ Test(plan, timeline_merges_long_runs) {
   bool done;
   cr_assert_eq(gs_train_steps(t, 1100, &done, &e), 0, "%s", e.msg);
   Gpushare__V1__MemoryTimeline *tl;
-  cr_assert_eq(gs_train_memory_timeline(t, 0, &tl), 0);
+  cr_assert_eq(timeline_msg(t, 0, &tl), 0);
   cr_expect_leq(tl->n_step, GS_TRAIN_TIMELINE_MAX);
   cr_expect_gt(tl->n_step, GS_TRAIN_TIMELINE_MAX / 4);
   cr_expect_eq(tl->step[tl->n_step - 1]->step, 1100);
@@ -603,7 +640,7 @@ Test(plan, timeline_merges_long_runs) {
   gs_train_destroy(t);
   gs_alloc_destroy(a);
   gs_dataset_free(&tr);
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }
 
 /* ------------------------------------------- fitting a limit, by policy --- */
@@ -613,7 +650,7 @@ Test(plan, timeline_merges_long_runs) {
  * planner says it fits, under both policies. GROWTH is the interesting
  * one: its regions can leave no room for a large late buffer (mobilenet's
  * op workspace) though the sum fits. */
-static bool creates(const Gpushare__V1__JobSpec *s, uint64_t limit, gs_alloc_policy pol,
+static bool creates(const gs_job_spec *s, uint64_t limit, gs_alloc_policy pol,
                     const gs_dataset *tr) {
   gs_alloc *a;
   cr_assert_eq(gs_alloc_create(B, 0, limit, pol, &a), 0);
@@ -628,10 +665,10 @@ static bool creates(const Gpushare__V1__JobSpec *s, uint64_t limit, gs_alloc_pol
 }
 
 Test(plan, fits_matches_the_allocator_by_policy) {
-  Gpushare__V1__JobSpec *s = load_example("fashion-mobilenet");
+  gs_job_spec *s = load_example("fashion-mobilenet");
   const char *const pn[2] = {"preallocate", "growth"};
   for (uint32_t micro = 16; micro <= 64; micro *= 2) {
-    Gpushare__V1__JobSpec v = with(s, micro, 128 / micro, -1);
+    gs_job_spec v = with(s, micro, 128 / micro, -1);
     gs_plan p;
     cr_assert_eq(gs_plan_job(&v, B, &p, &e), 0);
     gs_dataset tr;
@@ -651,5 +688,5 @@ Test(plan, fits_matches_the_allocator_by_policy) {
     gs_dataset_free(&tr);
     gs_plan_free(&p);
   }
-  gpushare__v1__job_spec__free_unpacked(s, NULL);
+  free_example(s);
 }

@@ -71,7 +71,7 @@ static void synth(uint64_t n_train, uint64_t n_test, gs_dataset *train, gs_datas
   gs_dataset_free(&all);
 }
 
-static tspec *small_mlp(uint32_t batch, uint32_t accum, uint32_t epochs, int precision) {
+static tspec *small_mlp(uint32_t batch, uint32_t accum, uint32_t epochs, gs_precision precision) {
   tspec *t = ts_new(8, 8, 1);
   ts_flatten(t);
   ts_dense(t, 16, true);
@@ -120,8 +120,8 @@ static float *params(gs_train *t, size_t *count) {
 Test(train, accumulation_equals_one_big_batch) {
   gs_dataset tr;
   synth(1024, 0, &tr, NULL);
-  tspec *big = small_mlp(64, 1, 1, GPUSHARE__V1__PRECISION__FLOAT32);
-  tspec *acc = small_mlp(16, 4, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  tspec *big = small_mlp(64, 1, 1, GS_PRECISION_FLOAT32);
+  tspec *acc = small_mlp(16, 4, 1, GS_PRECISION_FLOAT32);
   ts_sgd(big, 0.1f, 0.9f);
   ts_sgd(acc, 0.1f, 0.9f);
   gs_train_options o = {.threads = 1, .has_max_steps = true, .max_steps = 10};
@@ -162,7 +162,7 @@ Test(train, fp16_overflow_skips_step_and_halves_scale) {
   synth(256, 0, &tr, NULL);
   /* 4 steps per epoch, 60 epochs: from 1e38 about 110 halvings bring the
    * scaled fp16 gradients back into range. */
-  tspec *s = small_mlp(32, 2, 60, GPUSHARE__V1__PRECISION__MIXED_FLOAT16);
+  tspec *s = small_mlp(32, 2, 60, GS_PRECISION_MIXED_FLOAT16);
   ts_loss_scale(s, 1e38f, 2000);
   rec r = {0};
   gs_train_options o = {.threads = 1, .on_step = rec_step, .user = &r};
@@ -201,7 +201,7 @@ Test(train, fp16_overflow_skips_step_and_halves_scale) {
 Test(train, fp16_scale_grows_after_interval) {
   gs_dataset tr;
   synth(512, 0, &tr, NULL);
-  tspec *s = small_mlp(32, 1, 1, GPUSHARE__V1__PRECISION__MIXED_FLOAT16);
+  tspec *s = small_mlp(32, 1, 1, GS_PRECISION_MIXED_FLOAT16);
   ts_loss_scale(s, 256.0f, 3);
   rec r = {0};
   gs_train_options o = {.threads = 1, .on_step = rec_step, .user = &r};
@@ -220,7 +220,7 @@ Test(train, fp16_scale_grows_after_interval) {
 }
 
 /* Final mean train loss of the last epoch and test accuracy. */
-static void train_synthetic(int precision, float *loss, float *acc) {
+static void train_synthetic(gs_precision precision, float *loss, float *acc) {
   gs_dataset tr, te;
   synth(2048, 512, &tr, &te);
   tspec *s = small_mlp(32, 1, 3, precision);
@@ -239,9 +239,9 @@ static void train_synthetic(int precision, float *loss, float *acc) {
 
 Test(train, mixed_precision_tracks_fp32) {
   float l32, a32, lbf, abf, l16, a16;
-  train_synthetic(GPUSHARE__V1__PRECISION__FLOAT32, &l32, &a32);
-  train_synthetic(GPUSHARE__V1__PRECISION__MIXED_BFLOAT16, &lbf, &abf);
-  train_synthetic(GPUSHARE__V1__PRECISION__MIXED_FLOAT16, &l16, &a16);
+  train_synthetic(GS_PRECISION_FLOAT32, &l32, &a32);
+  train_synthetic(GS_PRECISION_MIXED_BFLOAT16, &lbf, &abf);
+  train_synthetic(GS_PRECISION_MIXED_FLOAT16, &l16, &a16);
   cr_log_info("final train loss: fp32 %.5f bf16 %.5f fp16 %.5f; test acc %.4f %.4f %.4f", l32,
               lbf, l16, a32, abf, a16);
   cr_expect_lt(l32, 0.2f, "the synthetic task is learnable (fp32 loss %g)", l32);
@@ -258,7 +258,7 @@ Test(train, same_seed_same_bits) {
   synth(512, 0, &tr, NULL);
   rec *r = calloc(3, sizeof *r);
   for (int i = 0; i < 3; i++) {
-    tspec *s = small_mlp(16, 2, 2, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16);
+    tspec *s = small_mlp(16, 2, 2, GS_PRECISION_MIXED_BFLOAT16);
     if (i == 2) s->spec.seed = 6;
     train_rec(s, &tr, 2, &r[i]);
   }
@@ -291,7 +291,7 @@ Test(train, gather_split_over_threads_same_bits) {
     ts_flatten(s);
     ts_dense(s, 4, true);
     ts_dense(s, 4, false);
-    ts_recipe(s, 16, 1, 1, 5, GPUSHARE__V1__PRECISION__FLOAT32);
+    ts_recipe(s, 16, 1, 1, 5, GS_PRECISION_FLOAT32);
     ts_adam(s, 3e-3f);
     train_rec(s, &tr, i + 1, &r[i]);
   }
@@ -304,7 +304,7 @@ Test(train, gather_split_over_threads_same_bits) {
   gs_dataset_free(&tr);
 }
 
-static void resume_case(int precision, uint32_t threads) {
+static void resume_case(gs_precision precision, uint32_t threads) {
   gs_dataset tr, te;
   synth(512, 64, &tr, &te);
   char path[] = "/tmp/gs_test_train_ckpt_XXXXXX";
@@ -363,7 +363,7 @@ static void resume_case(int precision, uint32_t threads) {
   gs_dataset_free(&te);
 }
 
-Test(train, resume_is_bit_exact_fp32) { resume_case(GPUSHARE__V1__PRECISION__FLOAT32, 1); }
+Test(train, resume_is_bit_exact_fp32) { resume_case(GS_PRECISION_FLOAT32, 1); }
 
 /* Periodic checkpoints are written by a thread of their own while the job
  * steps on: a job stopped between them (as by a crash of the job, or its
@@ -377,7 +377,7 @@ Test(train, background_checkpoint_resumes_exactly) {
   cr_assert_geq(fd, 0);
   close(fd);
   const uint64_t S = 30;
-  tspec *s = small_mlp(16, 1, 3, GPUSHARE__V1__PRECISION__FLOAT32);
+  tspec *s = small_mlp(16, 1, 3, GS_PRECISION_FLOAT32);
   rec *full = calloc(1, sizeof *full), *part = calloc(1, sizeof *part);
   gs_train_options o = {.threads = 2, .on_step = rec_step, .user = full,
                         .has_max_steps = true, .max_steps = S};
@@ -414,7 +414,7 @@ Test(train, background_checkpoint_resumes_exactly) {
   gs_dataset_free(&tr);
   gs_dataset_free(&te);
 }
-Test(train, resume_is_bit_exact_fp16) { resume_case(GPUSHARE__V1__PRECISION__MIXED_FLOAT16, 2); }
+Test(train, resume_is_bit_exact_fp16) { resume_case(GS_PRECISION_MIXED_FLOAT16, 2); }
 
 Test(train, resume_refuses_another_model) {
   gs_dataset tr;
@@ -423,13 +423,13 @@ Test(train, resume_refuses_another_model) {
   int fd = mkstemp(path);
   cr_assert_geq(fd, 0);
   close(fd);
-  tspec *s = small_mlp(16, 1, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  tspec *s = small_mlp(16, 1, 1, GS_PRECISION_FLOAT32);
   gs_train_options o = {.threads = 1};
   gs_train *t = make(s, &tr, NULL, &o);
   cr_assert_eq(gs_train_steps(t, 2, NULL, &e), 0);
   cr_assert_eq(gs_train_checkpoint(t, path, &e), 0, "%s", e.msg);
   gs_train_destroy(t);
-  s->dense[1].units = 24; /* dense_1 is now (64, 24) */
+  s->layer[1].units = 24; /* dense_1 is now (64, 24) */
   o.resume_path = path;
   gs_train_failure f;
   cr_expect_lt(gs_train_create(&s->spec, B, A, &tr, NULL, &o, &t, &f, &e), 0);
@@ -452,7 +452,7 @@ Test(train, oom_names_the_tensor_and_frees_everything) {
   ts_flatten(s);
   ts_dense(s, 256, true);
   ts_dense(s, 10, false);
-  ts_recipe(s, 32, 1, 1, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  ts_recipe(s, 32, 1, 1, 1, GS_PRECISION_FLOAT32);
   gs_train *t = (gs_train *)1;
   gs_train_failure f;
   int rc = gs_train_create(&s->spec, B, small, &tr, NULL, NULL, &t, &f, &e);
@@ -482,7 +482,7 @@ Test(train, spec_and_dataset_errors) {
   gs_dataset tr, three;
   synth(64, 0, &tr, NULL);
   cr_assert_eq(gs_dataset_synthetic(64, 8, 8, 1, 3, 1, &three, &e), 0);
-  tspec *s = small_mlp(16, 1, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  tspec *s = small_mlp(16, 1, 1, GS_PRECISION_FLOAT32);
   gs_train *t;
   cr_expect_lt(gs_train_create(&s->spec, B, A, &three, NULL, NULL, &t, NULL, &e), 0);
   cr_expect_str_eq(e.field, "model.layer[2].dense.units", "%s", e.msg);
@@ -509,7 +509,7 @@ Test(train, spec_and_dataset_errors) {
 Test(train, cancel_and_max_steps) {
   gs_dataset tr, te;
   synth(512, 64, &tr, &te);
-  tspec *s = small_mlp(16, 1, 5, GPUSHARE__V1__PRECISION__FLOAT32);
+  tspec *s = small_mlp(16, 1, 5, GS_PRECISION_FLOAT32);
   atomic_int cancel = 1;
   gs_train_options o = {.threads = 1, .cancel = &cancel};
   gs_train *t = make(s, &tr, &te, &o);
@@ -540,7 +540,7 @@ Test(train, cancel_and_max_steps) {
 Test(train, export_safetensors_names_and_values) {
   gs_dataset tr;
   synth(256, 0, &tr, NULL);
-  tspec *s = small_mlp(16, 1, 1, GPUSHARE__V1__PRECISION__MIXED_BFLOAT16);
+  tspec *s = small_mlp(16, 1, 1, GS_PRECISION_MIXED_BFLOAT16);
   gs_train *t = make(s, &tr, NULL, NULL);
   cr_assert_eq(gs_train_steps(t, 3, NULL, &e), 0);
   char path[] = "/tmp/gs_test_train_st_XXXXXX";
@@ -582,7 +582,7 @@ Test(train, conv_depthwise_pool_gap_learn) {
   ts_relu(s);
   ts_gap(s);
   ts_dense(s, 4, false);
-  ts_recipe(s, 32, 1, 4, 2, GPUSHARE__V1__PRECISION__FLOAT32);
+  ts_recipe(s, 32, 1, 4, 2, GS_PRECISION_FLOAT32);
   ts_adam(s, 1e-2f);
   rec r = {0};
   gs_train_options o = {.threads = 1, .on_step = rec_step,
@@ -623,7 +623,7 @@ Test(train, fashion_mnist_mlp_one_epoch_on_5000) {
   ts_dense(s, 256, true);
   ts_dense(s, 128, true);
   ts_dense(s, 10, false);
-  ts_recipe(s, 32, 1, 1, 1, GPUSHARE__V1__PRECISION__FLOAT32);
+  ts_recipe(s, 32, 1, 1, 1, GS_PRECISION_FLOAT32);
   ts_adam(s, 1e-3f);
   rec r = {0};
   gs_train_options o = {.threads = 2, .on_epoch = rec_epoch, .user = &r};

@@ -1,0 +1,286 @@
+/*
+ * present.c: the plan table, the OOM report and the memory chart (present.h).
+ *
+ * Everything is computed from the message alone: role totals are the sums
+ * of the rows, the last plan row is the job-wide one, and whether a plan
+ * fits each vdev policy comes from the plan's fits_growth and
+ * fits_preallocate (a plan message from before they existed is judged by
+ * its fits and its peak against the limit). Text goes through a small
+ * growing buffer so a table of any width or length is one allocation.
+ */
+#include "present/present.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/size.h"
+
+/* ------------------------------------------------------- string builder --- */
+
+typedef struct sb {
+  char *buf;
+  size_t len, cap;
+  bool failed;
+} sb;
+
+static void sb_printf(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sb *s, const char *fmt, ...) {
+  if (s->failed) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = s->cap - s->len;
+    int n = vsnprintf(s->buf ? s->buf + s->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      s->failed = true;
+      return;
+    }
+    if ((size_t)n < room) {
+      s->len += (size_t)n;
+      return;
+    }
+    size_t cap = s->cap ? s->cap * 2 : 1024;
+    while (cap - s->len <= (size_t)n) cap *= 2;
+    char *nb = realloc(s->buf, cap);
+    if (!nb) {
+      s->failed = true;
+      return;
+    }
+    s->buf = nb;
+    s->cap = cap;
+  }
+}
+
+static char *sb_take(sb *s) {
+  if (s->failed || !s->buf) {
+    free(s->buf);
+    return s->failed ? NULL : strdup("");
+  }
+  return s->buf;
+}
+
+static const char *sz(uint64_t bytes, char *buf) { return gs_size_format(bytes, buf, 32); }
+
+static const char *precision_name(int p) {
+  switch (p) {
+  case GPUSHARE__V1__PRECISION__MIXED_FLOAT16: return "mixed_float16";
+  case GPUSHARE__V1__PRECISION__MIXED_BFLOAT16: return "mixed_bfloat16";
+  default: return "float32";
+  }
+}
+
+/* "1,234,567" */
+static const char *grouped(uint64_t v, char *buf, size_t len) {
+  char raw[32];
+  int n = snprintf(raw, sizeof raw, "%" PRIu64, v);
+  size_t o = 0;
+  for (int i = 0; i < n && o + 2 < len; i++) {
+    if (i && (n - i) % 3 == 0) buf[o++] = ',';
+    buf[o++] = raw[i];
+  }
+  buf[o] = '\0';
+  return buf;
+}
+
+/* The roles, in the order of the runtime's gs_role and the table's columns. */
+enum { ROLES = 7 };
+static const char *const role_names[ROLES] = {"weights",     "master",    "gradients", "optimizer",
+                                              "activations", "workspace", "batch"};
+
+static void row_bytes(const Gpushare__V1__PlanRow *r, uint64_t v[ROLES]) {
+  v[0] = r->weights_bytes;
+  v[1] = r->master_bytes;
+  v[2] = r->gradient_bytes;
+  v[3] = r->optimizer_bytes;
+  v[4] = r->activation_bytes;
+  v[5] = r->workspace_bytes;
+  v[6] = r->batch_bytes;
+}
+
+static const char *str(const char *s) { return s ? s : ""; }
+
+/* ------------------------------------------------------------- the plan --- */
+
+/* "stem (conv2d)"; a generated name (dense_1) already says its kind. */
+static void row_name(const Gpushare__V1__PlanRow *row, bool job, char *buf, size_t len) {
+  const char *layer = str(row->layer), *kind = str(row->kind);
+  size_t k = strlen(kind);
+  if (job)
+    snprintf(buf, len, "job");
+  else if (!strncmp(layer, kind, k) && layer[k] == '_')
+    snprintf(buf, len, "%s", layer);
+  else
+    snprintf(buf, len, "%s (%s)", layer, kind);
+}
+
+char *gs_present_plan(const Gpushare__V1__Plan *p) {
+  sb s = {0};
+  char a[32], bb[32], g[40];
+  uint64_t by_role[ROLES] = {0};
+  bool col[ROLES] = {0};
+  const size_t n = p->n_row;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v[ROLES];
+    row_bytes(p->row[i], v);
+    for (int r = 0; r < ROLES; r++) by_role[r] += v[r];
+  }
+  for (int r = 0; r < ROLES; r++) col[r] = by_role[r] > 0;
+  /* Column widths: the layer column fits its longest name. */
+  int wl = 14, ws = 12;
+  for (size_t i = 0; i < n; i++) {
+    char name[160];
+    row_name(p->row[i], i + 1 == n, name, sizeof name);
+    int w = (int)strlen(name);
+    if (w > wl) wl = w;
+    int k = (int)strlen(str(p->row[i]->output_shape));
+    if (k > ws) ws = k;
+  }
+  const int wn = 12, wb = 11;
+  int width = wl + 1 + ws + 1 + wn;
+  sb_printf(&s, "%-*s %-*s %*s", wl, "Layer", ws, "Output shape", wn, "Param #");
+  for (int r = 0; r < ROLES; r++)
+    if (col[r]) {
+      sb_printf(&s, " %*s", wb, role_names[r]);
+      width += wb + 1;
+    }
+  sb_printf(&s, " %*s\n", wb, "total");
+  width += wb + 1;
+  char rule[512];
+  int rw = width < (int)sizeof rule - 1 ? width : (int)sizeof rule - 1;
+  memset(rule, '=', (size_t)rw);
+  rule[rw] = '\0';
+  sb_printf(&s, "%s\n", rule);
+  for (size_t i = 0; i < n; i++) {
+    const Gpushare__V1__PlanRow *row = p->row[i];
+    char name[160];
+    row_name(row, i + 1 == n, name, sizeof name);
+    uint64_t v[ROLES], tot = 0;
+    row_bytes(row, v);
+    for (int r = 0; r < ROLES; r++) tot += v[r];
+    sb_printf(&s, "%-*s %-*s %*s", wl, name, ws, str(row->output_shape), wn,
+              i + 1 == n ? "" : grouped(row->parameters, g, sizeof g));
+    for (int r = 0; r < ROLES; r++)
+      if (col[r]) sb_printf(&s, " %*s", wb, v[r] ? sz(v[r], a) : "-");
+    sb_printf(&s, " %*s\n", wb, tot ? sz(tot, a) : "-");
+  }
+  memset(rule, '-', (size_t)rw);
+  sb_printf(&s, "%s\n", rule);
+  sb_printf(&s, "%-*s %-*s %*s", wl, "Total", ws, "", wn, grouped(p->parameters, g, sizeof g));
+  for (int r = 0; r < ROLES; r++)
+    if (col[r]) sb_printf(&s, " %*s", wb, sz(by_role[r], a));
+  sb_printf(&s, " %*s\n", wb, sz(p->peak_bytes, a));
+  sb_printf(&s, "%s\n", rule);
+  sb_printf(&s,
+            "Parameters: %s; micro-batch %u x %u accumulation step%s (effective batch %" PRIu64
+            "), %s\n",
+            grouped(p->parameters, g, sizeof g), p->micro_batch, p->accumulation_steps,
+            p->accumulation_steps == 1 ? "" : "s",
+            (uint64_t)p->micro_batch * p->accumulation_steps, precision_name(p->precision));
+  sb_printf(&s, "Predicted peak: %s (%" PRIu64 " bytes; every tensor is allocated once, at job "
+                "start)\n",
+            sz(p->peak_bytes, a), p->peak_bytes);
+  const uint64_t limit = p->limit_bytes;
+  if (limit) {
+    bool grow = p->has_fits_growth ? p->fits_growth : p->fits;
+    bool pre = p->has_fits_preallocate ? p->fits_preallocate : p->peak_bytes <= limit;
+    if (grow)
+      sb_printf(&s, "Limit %s: fits (%s to spare)\n", sz(limit, a), sz(limit - p->peak_bytes, bb));
+    else if (pre)
+      sb_printf(&s,
+                "Limit %s: fits a preallocated vdev (%s to spare) but NOT a growth one: its "
+                "regions (2 MiB, then doubling) leave no single region for the largest "
+                "buffers\n",
+                sz(limit, a), sz(limit - p->peak_bytes, bb));
+    else
+      sb_printf(&s, "Limit %s: does NOT fit by %s\n", sz(limit, a),
+                sz(p->peak_bytes > limit ? p->peak_bytes - limit : 0, bb));
+  }
+  return sb_take(&s);
+}
+
+/* ------------------------------------------------------- the OOM report --- */
+
+static const char *cause_name(int c) {
+  switch (c) {
+  case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL (the device is out of memory)";
+  case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION: return "FRAGMENTATION (no free block is large enough)";
+  default: return "QUOTA (the vdev's memory limit is reached)";
+  }
+}
+
+char *gs_present_oom(const Gpushare__V1__OomReport *r) {
+  sb s = {0};
+  char a[32], bb[32], c[32], d[32];
+  sb_printf(&s, "out of memory: %s\n", cause_name(r->cause));
+  sb_printf(&s, "  tensor   layer %s, role %s, shape %s, %s, %s (%" PRIu64 " bytes)\n",
+            r->layer ? r->layer : "?", r->role ? r->role : "?", r->shape ? r->shape : "?",
+            r->dtype ? r->dtype : "?", sz(r->bytes, a), r->bytes);
+  sb_printf(&s, "  vdev     %s%slimit %s, in use %s, reserved %s, largest free block %s, "
+                "fragmentation %.0f%%\n",
+            r->vdev && r->vdev[0] ? r->vdev : "", r->vdev && r->vdev[0] ? ": " : "",
+            sz(r->limit_bytes, a), sz(r->in_use_bytes, bb), sz(r->reserved_bytes, c),
+            sz(r->largest_free_bytes, d), (double)r->fragmentation * 100.0);
+  sb_printf(&s, "  why      %s\n", r->explanation ? r->explanation : "");
+  if (r->n_suggestion == 0)
+    sb_printf(&s, "  fits     nothing smaller of this job fits\n");
+  for (size_t i = 0; i < r->n_suggestion; i++)
+    sb_printf(&s, "  %-8s %s\n", i ? "" : "fits", str(r->suggestion[i]->what));
+  return sb_take(&s);
+}
+
+/* ------------------------------------------------------ memory timeline --- */
+
+char *gs_present_timeline(const Gpushare__V1__MemoryTimeline *tl) {
+  sb s = {0};
+  char a[32], bb[32];
+  uint64_t top = tl->peak_bytes;
+  if (tl->planned_peak_bytes > top) top = tl->planned_peak_bytes;
+  for (size_t i = 0; i < tl->n_step; i++)
+    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
+  sb_printf(&s, "memory timeline: peak %s", sz(tl->peak_bytes, a));
+  if (tl->has_planned_peak_bytes)
+    sb_printf(&s, ", planned %s (%+.2f%%)", sz(tl->planned_peak_bytes, bb),
+              tl->planned_peak_bytes
+                  ? ((double)tl->peak_bytes - (double)tl->planned_peak_bytes) * 100.0 /
+                        (double)tl->planned_peak_bytes
+                  : 0.0);
+  sb_printf(&s, "\n");
+  /* One bar per entry, at most 40 lines: entries beyond merge by max. */
+  const size_t lines = tl->n_step < 40 ? tl->n_step : 40;
+  const int width = 40;
+  for (size_t l = 0; l < lines; l++) {
+    size_t i0 = l * tl->n_step / lines, i1 = (l + 1) * tl->n_step / lines;
+    uint64_t pk = 0, step = 0;
+    for (size_t i = i0; i < i1; i++) {
+      if (tl->step[i]->peak_in_use_bytes > pk) pk = tl->step[i]->peak_in_use_bytes;
+      step = tl->step[i]->step;
+    }
+    int fill = top ? (int)((double)pk / (double)top * width + 0.5) : 0;
+    char bar[64];
+    for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : ' ';
+    bar[width] = '\0';
+    sb_printf(&s, "  step %8" PRIu64 " |%s| %s\n", step, bar, sz(pk, a));
+  }
+  if (tl->n_at_peak) {
+    sb_printf(&s, "at the peak, by layer and role:\n  %-24s", "layer");
+    for (int r = 0; r < ROLES; r++) sb_printf(&s, " %11s", role_names[r]);
+    sb_printf(&s, " %11s\n", "total");
+    for (size_t i = 0; i < tl->n_at_peak; i++) {
+      const Gpushare__V1__PlanRow *r = tl->at_peak[i];
+      uint64_t v[ROLES], tot = 0;
+      row_bytes(r, v);
+      sb_printf(&s, "  %-24s", str(r->layer));
+      for (int k = 0; k < ROLES; k++) {
+        tot += v[k];
+        sb_printf(&s, " %11s", v[k] ? sz(v[k], a) : "-");
+      }
+      sb_printf(&s, " %11s\n", sz(tot, a));
+    }
+  }
+  return sb_take(&s);
+}
