@@ -22,24 +22,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-
-/* Most pixels (n*h*w*c) and most labels one IDX file may claim: 4 GiB. A
- * header that claims more is refused before anything is allocated. */
-#define GS_DATASET_MAX_ELEMS (UINT64_C(1) << 32)
-
-/* Return values of the loaders (negative, errno-style, one per way an IDX
- * upload can be wrong, so callers and tests can tell them apart; e->code is
- * GS_INVALID_ARGUMENT for all of them, GS_RESOURCE_EXHAUSTED for ETOOBIG).
- * Other failures return -errno (-ENOENT for a missing file, -ENOMEM). */
-#define GS_DATASET_EMAGIC (-EILSEQ)    /* first bytes are not an IDX magic */
-#define GS_DATASET_ETYPE (-ENOTSUP)    /* element type byte is not 0x08 */
-#define GS_DATASET_ERANK (-EDOM)       /* wrong number of dimensions */
-#define GS_DATASET_EZERO (-ENODATA)    /* a dimension is 0 */
-#define GS_DATASET_ETOOBIG (-EFBIG)    /* dims claim more than the limit */
-#define GS_DATASET_ETRUNC (-ENOMSG)    /* fewer bytes than the header says */
-#define GS_DATASET_ETRAIL (-E2BIG)     /* bytes after the last item */
-#define GS_DATASET_EGZIP (-EBADMSG)    /* gzip stream truncated or corrupt */
-#define GS_DATASET_ECOUNT (-ERANGE)    /* images and labels counts differ */
+#include "runtime/idx.h" /* GS_DATASET_MAX_ELEMS, the GS_DATASET_E* codes */
 
 typedef struct gs_dataset {
   uint64_t n;       /* number of examples */

@@ -20,7 +20,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "runtime/data.h"
 
 #define CHUNK_FILE ((size_t)64 << 10)
 #define CHUNK_MEM ((size_t)1 << 30)

@@ -21,17 +21,36 @@
  * a few bytes claiming 4 GiB cost what they inflate to. After the body, a
  * probe tells trailing bytes from a clean end, and a gzip stream must end
  * with its end marker. Every way an input can be wrong has its own return
- * value (GS_DATASET_E* in runtime/data.h) and a sentence naming the input,
+ * value (GS_DATASET_E* below) and a sentence naming the input,
  * the value found and what was expected.
  */
 #ifndef GS_RUNTIME_IDX_H
 #define GS_RUNTIME_IDX_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
+
+/* Most pixels (n*h*w*c) and most labels one IDX file may claim: 4 GiB. A
+ * header that claims more is refused before anything is allocated. */
+#define GS_DATASET_MAX_ELEMS (UINT64_C(1) << 32)
+
+/* Return values of the loaders (negative, errno-style, one per way an IDX
+ * upload can be wrong, so callers and tests can tell them apart; e->code is
+ * GS_INVALID_ARGUMENT for all of them, GS_RESOURCE_EXHAUSTED for ETOOBIG).
+ * Other failures return -errno (-ENOENT for a missing file, -ENOMEM). */
+#define GS_DATASET_EMAGIC (-EILSEQ)    /* first bytes are not an IDX magic */
+#define GS_DATASET_ETYPE (-ENOTSUP)    /* element type byte is not 0x08 */
+#define GS_DATASET_ERANK (-EDOM)       /* wrong number of dimensions */
+#define GS_DATASET_EZERO (-ENODATA)    /* a dimension is 0 */
+#define GS_DATASET_ETOOBIG (-EFBIG)    /* dims claim more than the limit */
+#define GS_DATASET_ETRUNC (-ENOMSG)    /* fewer bytes than the header says */
+#define GS_DATASET_ETRAIL (-E2BIG)     /* bytes after the last item */
+#define GS_DATASET_EGZIP (-EBADMSG)    /* gzip stream truncated or corrupt */
+#define GS_DATASET_ECOUNT (-ERANGE)    /* images and labels counts differ */
 
 typedef enum gs_idx_kind {
   GS_IDX_ANY = 0, /* either: decided by the number of dims */
