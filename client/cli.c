@@ -76,6 +76,15 @@ int cli_call(gpuctl_cli *x, Gpushare__V1__Request *req, Gpushare__V1__Response *
   return 0;
 }
 
+void cli_print_text(FILE *f, char *text) {
+  if (!text) {
+    fprintf(stderr, "gpuctl: out of memory\n");
+    return;
+  }
+  fputs(text, f);
+  free(text);
+}
+
 /* ------------------------------------------------------- value parsing --- */
 
 /* Strict decimal: digits only, within [min, max]. */

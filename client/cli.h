@@ -11,6 +11,7 @@
 #define GPUCTL_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "client/client.h"
 #include "client/gpuctl.h"
@@ -47,5 +48,9 @@ int cli_expect(Gpushare__V1__Response *r, int result_case);
  * as it is) or by `human`. */
 int cli_simple(gpuctl_cli *x, Gpushare__V1__Request *req, int result_case,
                void (*human)(gpuctl_cli *x, const Gpushare__V1__Response *r));
+
+/* Print text (malloc'd by a formatter, NULL when it ran out of memory) to
+ * f and free it. */
+void cli_print_text(FILE *f, char *text);
 
 #endif

@@ -30,6 +30,7 @@
 #include "client/cmd_dataset.h"
 #include "client/cmd_job.h"
 #include "client/cmd_watch.h"
+#include "present/present.h"
 #include "client/pbjson.h"
 #include "client/table.h"
 
@@ -438,38 +439,6 @@ out:
   return rc;
 }
 
-static const char *oom_cause_text(int c) {
-  switch (c) {
-    case GPUSHARE__V1__OOM_CAUSE__QUOTA: return "QUOTA: the vdev's memory limit is reached";
-    case GPUSHARE__V1__OOM_CAUSE__PHYSICAL: return "PHYSICAL: the physical device has no more memory";
-    case GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION:
-      return "FRAGMENTATION: enough free bytes in total, but no free block large enough";
-    default: return table_enum_name(&gpushare__v1__oom_cause__descriptor, c);
-  }
-}
-
-/* An OomReport as a reader wants it: what could not be placed, the vdev as
- * it stood, why, and what would fit. */
-void gpuctl_oom_print(FILE *f, const Gpushare__V1__OomReport *o) {
-  fprintf(f, "\nout of memory:\n");
-  fprintf(f, "  tensor:       layer %s, %s %s %s, %s\n", o->layer && *o->layer ? o->layer : "?",
-          o->role && *o->role ? o->role : "?", o->shape && *o->shape ? o->shape : "?",
-          o->dtype && *o->dtype ? o->dtype : "?", table_fsize(o->bytes));
-  fprintf(f, "  vdev:         %s: limit %s, in use %s, reserved %s\n", o->vdev && *o->vdev ? o->vdev : "?",
-          table_fsize(o->limit_bytes), table_fsize(o->in_use_bytes), table_fsize(o->reserved_bytes));
-  fprintf(f, "                largest free block %s, fragmentation %.1f%%\n", table_fsize(o->largest_free_bytes),
-          100.0 * o->fragmentation);
-  fprintf(f, "  cause:        %s\n", oom_cause_text(o->cause));
-  if (o->explanation && *o->explanation) fprintf(f, "  explanation:  %s\n", o->explanation);
-  for (size_t i = 0; i < o->n_suggestion; i++) {
-    const Gpushare__V1__OomSuggestion *s = o->suggestion[i];
-    fprintf(f, "  %s %s", i ? "              " : "suggestions: ", s->what ? s->what : "");
-    if (s->predicted_peak_bytes)
-      fprintf(f, " (predicted peak %s, saves %s)", table_fsize(s->predicted_peak_bytes), table_fsize(s->saving_bytes));
-    fputc('\n', f);
-  }
-}
-
 static void job_show(const Gpushare__V1__Job *j) {
   printf("job:          %" PRIu64 "\n", j->id);
   if (j->name && *j->name) printf("name:         %s\n", j->name);
@@ -515,7 +484,10 @@ static void job_show(const Gpushare__V1__Job *j) {
     }
     table_print(&t);
   }
-  if (j->oom) gpuctl_oom_print(stdout, j->oom);
+  if (j->oom) {
+    putchar('\n');
+    cli_print_text(stdout, gs_present_oom(j->oom));
+  }
 }
 
 static void status_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
@@ -652,82 +624,9 @@ int gpuctl_cmd_fetch(gpuctl_cli *x, gpuctl_parsed *p) {
   return GPUCTL_EXIT_OK;
 }
 
-#define CHART_ROWS 20  /* rows of the per-step chart; steps are grouped to fit */
-#define CHART_WIDTH 50 /* characters of the longest bar */
-
-/* Peak in use per step as horizontal bars, one row per group of steps (the
- * highest peak of the group), scaled to the larger of the measured and the
- * planned peak, with '|' where the planned peak lies. */
-static void memory_chart(const Gpushare__V1__MemoryTimeline *tl) {
-  size_t n = tl->n_step, rows = n < CHART_ROWS ? n : CHART_ROWS;
-  uint64_t top = tl->planned_peak_bytes;
-  for (size_t i = 0; i < n; i++)
-    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
-  if (!top) top = 1;
-  size_t plan_col = tl->planned_peak_bytes ? (size_t)((double)tl->planned_peak_bytes / (double)top * CHART_WIDTH) : 0;
-  if (plan_col >= CHART_WIDTH) plan_col = CHART_WIDTH - 1;
-  printf("\npeak in use by step (%s full scale", table_fsize(top));
-  if (tl->planned_peak_bytes) printf("; | is the planned peak %s", table_fsize(tl->planned_peak_bytes));
-  printf("):\n");
-  for (size_t r = 0; r < rows; r++) {
-    size_t lo = r * n / rows, hi = (r + 1) * n / rows; /* steps [lo, hi) of the list */
-    uint64_t peak = 0;
-    for (size_t i = lo; i < hi; i++)
-      if (tl->step[i]->peak_in_use_bytes > peak) peak = tl->step[i]->peak_in_use_bytes;
-    char label[48], bar[CHART_WIDTH + 1];
-    if (hi - lo == 1) snprintf(label, sizeof label, "step %" PRIu64, tl->step[lo]->step);
-    else snprintf(label, sizeof label, "steps %" PRIu64 "-%" PRIu64, tl->step[lo]->step, tl->step[hi - 1]->step);
-    size_t len = (size_t)((double)peak / (double)top * CHART_WIDTH + 0.5);
-    if (len > CHART_WIDTH) len = CHART_WIDTH;
-    for (size_t c = 0; c < CHART_WIDTH; c++) bar[c] = c < len ? '#' : ' ';
-    if (tl->planned_peak_bytes && bar[plan_col] == ' ') bar[plan_col] = '|';
-    bar[CHART_WIDTH] = '\0';
-    printf("  %-20s %s %s\n", label, bar, table_fsize(peak));
-  }
-}
-
 static void memory_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
   (void)x;
-  const Gpushare__V1__MemoryTimeline *tl = r->memory->timeline;
-  if (!tl) return;
-  if (!tl->n_step && !tl->n_at_peak && !tl->peak_bytes) {
-    printf("planned peak:  %s\n", table_fsize(tl->planned_peak_bytes));
-    printf("(the measured timeline is there once the job has ended)\n");
-    return;
-  }
-  printf("measured peak: %s\n", table_fsize(tl->peak_bytes));
-  if (tl->planned_peak_bytes)
-    printf("planned peak:  %s (measured is %.1f%% of planned)\n", table_fsize(tl->planned_peak_bytes),
-           100.0 * (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
-  if (tl->n_step) memory_chart(tl);
-  if (tl->n_at_peak) {
-    printf("\nat the peak, by layer and role:\n");
-    table t = {0};
-    table_header(&t, 0x7f8u, (const char *const[]){"LAYER", "KIND", "OUTPUT", "WEIGHTS", "MASTER", "GRADIENTS",
-                                                  "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", "TOTAL", NULL});
-    uint64_t sum[8] = {0};
-    for (size_t i = 0; i < tl->n_at_peak; i++) {
-      const Gpushare__V1__PlanRow *pr = tl->at_peak[i];
-      uint64_t v[7] = {pr->weights_bytes, pr->master_bytes, pr->gradient_bytes, pr->optimizer_bytes,
-                       pr->activation_bytes, pr->workspace_bytes, pr->batch_bytes};
-      uint64_t row = 0;
-      table_cell(&t, "%s", pr->layer ? pr->layer : "");
-      table_cell(&t, "%s", pr->kind && *pr->kind ? pr->kind : "-");
-      table_cell(&t, "%s", pr->output_shape && *pr->output_shape ? pr->output_shape : "-");
-      for (int k = 0; k < 7; k++) {
-        table_cell(&t, "%s", table_fsize(v[k]));
-        sum[k] += v[k];
-        row += v[k];
-      }
-      sum[7] += row;
-      table_cell(&t, "%s", table_fsize(row));
-    }
-    table_cell(&t, "total");
-    table_cell(&t, "%s", "");
-    table_cell(&t, "%s", "");
-    for (int k = 0; k < 8; k++) table_cell(&t, "%s", table_fsize(sum[k]));
-    table_print(&t);
-  }
+  if (r->memory->timeline) cli_print_text(stdout, gs_present_timeline(r->memory->timeline));
 }
 
 int gpuctl_cmd_memory(gpuctl_cli *x, gpuctl_parsed *p) {

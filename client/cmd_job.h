@@ -10,7 +10,5 @@
 
 gpuctl_cmd_fn gpuctl_cmd_job_encode, gpuctl_cmd_job_show, gpuctl_cmd_plan, gpuctl_cmd_submit, gpuctl_cmd_status,
     gpuctl_cmd_list, gpuctl_cmd_cancel, gpuctl_cmd_logs, gpuctl_cmd_fetch, gpuctl_cmd_memory;
-/* An OomReport as a reader wants it. */
-void gpuctl_oom_print(FILE *f, const Gpushare__V1__OomReport *o);
 
 #endif

@@ -19,7 +19,7 @@
 #include "client/client.h"
 #include "client/cli.h"
 #include "client/gpuctl.h"
-#include "client/cmd_job.h"
+#include "present/present.h"
 #include "client/cmd_watch.h"
 #include "client/pbjson.h"
 #include "client/table.h"
@@ -266,7 +266,10 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     out = GPUCTL_EXIT_FAIL;
     if (st < 0) fprintf(stderr, "gpuctl: gpushared did not say how job %" PRIu64 " ended\n", id);
     else fprintf(stderr, "gpuctl: job %" PRIu64 " %s%s%s\n", id, table_state_name(st), why ? ": " : "", why ? why : "");
-    if (j && j->oom) gpuctl_oom_print(stderr, j->oom);
+    if (j && j->oom) {
+      fputc('\n', stderr);
+      cli_print_text(stderr, gs_present_oom(j->oom));
+    }
   }
   gs_client_free_response(sr);
   return out;

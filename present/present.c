@@ -235,52 +235,122 @@ char *gs_present_oom(const Gpushare__V1__OomReport *r) {
 
 /* ------------------------------------------------------ memory timeline --- */
 
+/* A text table: cells row by row, columns padded to their widest cell, two
+ * spaces apart, those in the `right` mask right-aligned. */
+typedef struct tbl {
+  char (*cells)[12][32]; /* cap rows of up to 12 cells */
+  size_t rows, cap, cols;
+  unsigned right;
+} tbl;
+
+static void tbl_row(tbl *t, const char *const *cells) {
+  if (t->rows == t->cap) return;
+  for (size_t c = 0; c < t->cols; c++)
+    snprintf(t->cells[t->rows][c], sizeof t->cells[0][0], "%s", cells[c]);
+  t->rows++;
+}
+
+static void tbl_emit(sb *s, const tbl *t) {
+  size_t w[12] = {0};
+  for (size_t r = 0; r < t->rows; r++)
+    for (size_t c = 0; c < t->cols; c++)
+      if (strlen(t->cells[r][c]) > w[c]) w[c] = strlen(t->cells[r][c]);
+  for (size_t r = 0; r < t->rows; r++)
+    for (size_t c = 0; c < t->cols; c++) {
+      bool last = c == t->cols - 1;
+      if (t->right & (1u << c)) sb_printf(s, "%*s", (int)w[c], t->cells[r][c]);
+      else if (last) sb_printf(s, "%s", t->cells[r][c]);
+      else sb_printf(s, "%-*s", (int)w[c], t->cells[r][c]);
+      sb_printf(s, "%s", last ? "\n" : "  ");
+    }
+}
+
+#define CHART_ROWS 20  /* rows of the per-step chart; steps are grouped to fit */
+#define CHART_WIDTH 50 /* characters of the longest bar */
+
+/* Peak in use by step, grouped into at most CHART_ROWS rows by max, the
+ * planned peak marked '|' where no bar covers it. */
+static void timeline_chart(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
+  char a[32];
+  size_t n = tl->n_step, rows = n < CHART_ROWS ? n : CHART_ROWS;
+  uint64_t top = tl->planned_peak_bytes;
+  for (size_t i = 0; i < n; i++)
+    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
+  if (!top) top = 1;
+  size_t plan_col =
+      tl->planned_peak_bytes ? (size_t)((double)tl->planned_peak_bytes / (double)top * CHART_WIDTH) : 0;
+  if (plan_col >= CHART_WIDTH) plan_col = CHART_WIDTH - 1;
+  sb_printf(s, "\npeak in use by step (%s full scale", sz(top, a));
+  if (tl->planned_peak_bytes) sb_printf(s, "; | is the planned peak %s", sz(tl->planned_peak_bytes, a));
+  sb_printf(s, "):\n");
+  for (size_t r = 0; r < rows; r++) {
+    size_t lo = r * n / rows, hi = (r + 1) * n / rows; /* steps [lo, hi) of the list */
+    uint64_t peak = 0;
+    for (size_t i = lo; i < hi; i++)
+      if (tl->step[i]->peak_in_use_bytes > peak) peak = tl->step[i]->peak_in_use_bytes;
+    char label[48], bar[CHART_WIDTH + 1];
+    if (hi - lo == 1) snprintf(label, sizeof label, "step %" PRIu64, tl->step[lo]->step);
+    else
+      snprintf(label, sizeof label, "steps %" PRIu64 "-%" PRIu64, tl->step[lo]->step,
+               tl->step[hi - 1]->step);
+    size_t len = (size_t)((double)peak / (double)top * CHART_WIDTH + 0.5);
+    if (len > CHART_WIDTH) len = CHART_WIDTH;
+    for (size_t c = 0; c < CHART_WIDTH; c++) bar[c] = c < len ? '#' : ' ';
+    if (tl->planned_peak_bytes && bar[plan_col] == ' ') bar[plan_col] = '|';
+    bar[CHART_WIDTH] = '\0';
+    sb_printf(s, "  %-20s %s %s\n", label, bar, sz(peak, a));
+  }
+}
+
+/* The bytes by layer and role at the peak, with a total row and column. */
+static void timeline_at_peak(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
+  tbl t = {.cap = tl->n_at_peak + 2, .cols = 11, .right = 0x7f8u};
+  t.cells = calloc(t.cap, sizeof *t.cells);
+  if (!t.cells) {
+    s->failed = true;
+    return;
+  }
+  tbl_row(&t, (const char *const[]){"LAYER", "KIND", "OUTPUT", "WEIGHTS", "MASTER", "GRADIENTS",
+                                    "OPTIMIZER", "ACTIVATIONS", "WORKSPACE", "BATCH", "TOTAL"});
+  uint64_t sum[ROLES + 1] = {0};
+  char cell[ROLES + 1][32];
+  for (size_t i = 0; i < tl->n_at_peak; i++) {
+    const Gpushare__V1__PlanRow *r = tl->at_peak[i];
+    uint64_t v[ROLES], tot = 0;
+    row_bytes(r, v);
+    for (int k = 0; k < ROLES; k++) {
+      sz(v[k], cell[k]);
+      sum[k] += v[k];
+      tot += v[k];
+    }
+    sum[ROLES] += tot;
+    sz(tot, cell[ROLES]);
+    tbl_row(&t, (const char *const[]){str(r->layer), r->kind && *r->kind ? r->kind : "-",
+                                      r->output_shape && *r->output_shape ? r->output_shape : "-",
+                                      cell[0], cell[1], cell[2], cell[3], cell[4], cell[5], cell[6],
+                                      cell[7]});
+  }
+  for (int k = 0; k <= ROLES; k++) sz(sum[k], cell[k]);
+  tbl_row(&t, (const char *const[]){"total", "", "", cell[0], cell[1], cell[2], cell[3], cell[4],
+                                    cell[5], cell[6], cell[7]});
+  sb_printf(s, "\nat the peak, by layer and role:\n");
+  tbl_emit(s, &t);
+  free(t.cells);
+}
+
 char *gs_present_timeline(const Gpushare__V1__MemoryTimeline *tl) {
   sb s = {0};
-  char a[32], bb[32];
-  uint64_t top = tl->peak_bytes;
-  if (tl->planned_peak_bytes > top) top = tl->planned_peak_bytes;
-  for (size_t i = 0; i < tl->n_step; i++)
-    if (tl->step[i]->peak_in_use_bytes > top) top = tl->step[i]->peak_in_use_bytes;
-  sb_printf(&s, "memory timeline: peak %s", sz(tl->peak_bytes, a));
-  if (tl->has_planned_peak_bytes)
-    sb_printf(&s, ", planned %s (%+.2f%%)", sz(tl->planned_peak_bytes, bb),
-              tl->planned_peak_bytes
-                  ? ((double)tl->peak_bytes - (double)tl->planned_peak_bytes) * 100.0 /
-                        (double)tl->planned_peak_bytes
-                  : 0.0);
-  sb_printf(&s, "\n");
-  /* One bar per entry, at most 40 lines: entries beyond merge by max. */
-  const size_t lines = tl->n_step < 40 ? tl->n_step : 40;
-  const int width = 40;
-  for (size_t l = 0; l < lines; l++) {
-    size_t i0 = l * tl->n_step / lines, i1 = (l + 1) * tl->n_step / lines;
-    uint64_t pk = 0, step = 0;
-    for (size_t i = i0; i < i1; i++) {
-      if (tl->step[i]->peak_in_use_bytes > pk) pk = tl->step[i]->peak_in_use_bytes;
-      step = tl->step[i]->step;
-    }
-    int fill = top ? (int)((double)pk / (double)top * width + 0.5) : 0;
-    char bar[64];
-    for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : ' ';
-    bar[width] = '\0';
-    sb_printf(&s, "  step %8" PRIu64 " |%s| %s\n", step, bar, sz(pk, a));
+  char a[32];
+  if (!tl->n_step && !tl->n_at_peak && !tl->peak_bytes) {
+    sb_printf(&s, "planned peak:  %s\n", sz(tl->planned_peak_bytes, a));
+    sb_printf(&s, "(the measured timeline is there once the job has ended)\n");
+    return sb_take(&s);
   }
-  if (tl->n_at_peak) {
-    sb_printf(&s, "at the peak, by layer and role:\n  %-24s", "layer");
-    for (int r = 0; r < ROLES; r++) sb_printf(&s, " %11s", role_names[r]);
-    sb_printf(&s, " %11s\n", "total");
-    for (size_t i = 0; i < tl->n_at_peak; i++) {
-      const Gpushare__V1__PlanRow *r = tl->at_peak[i];
-      uint64_t v[ROLES], tot = 0;
-      row_bytes(r, v);
-      sb_printf(&s, "  %-24s", str(r->layer));
-      for (int k = 0; k < ROLES; k++) {
-        tot += v[k];
-        sb_printf(&s, " %11s", v[k] ? sz(v[k], a) : "-");
-      }
-      sb_printf(&s, " %11s\n", sz(tot, a));
-    }
-  }
+  sb_printf(&s, "measured peak: %s\n", sz(tl->peak_bytes, a));
+  if (tl->planned_peak_bytes)
+    sb_printf(&s, "planned peak:  %s (measured is %.1f%% of planned)\n", sz(tl->planned_peak_bytes, a),
+              100.0 * (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
+  if (tl->n_step) timeline_chart(&s, tl);
+  if (tl->n_at_peak) timeline_at_peak(&s, tl);
   return sb_take(&s);
 }

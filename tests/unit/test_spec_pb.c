@@ -399,9 +399,10 @@ Test(spec_pb, timeline_message_and_chart) {
   cr_expect(!m->has_planned_peak_bytes);
   cr_expect_eq(m->at_peak[0]->batch_bytes, 300);
   char *txt = gs_present_timeline(m);
-  cr_expect(strstr(txt, "memory timeline: peak 300 B\n") && strstr(txt, "step        2 |") &&
-                strstr(txt, "at the peak, by layer and role"),
+  cr_expect(strstr(txt, "measured peak: 300 B\n") && strstr(txt, "  step 2 ") &&
+                strstr(txt, "at the peak, by layer and role") && strstr(txt, "total"),
             "%s", txt);
+  cr_expect_null(strstr(txt, "planned peak"), "no plan, no planned peak: %s", txt);
   free(txt);
   gpushare__v1__memory_timeline__free_unpacked(m, NULL);
 }
