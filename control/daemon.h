@@ -2,8 +2,9 @@
  * daemon.h: the control plane's state, owned by its loop thread.
  *
  * One gs_daemon per gpushared process: the configuration in force, the
- * store, the devices, the resolved admin group and the libuv loop. Only the
- * loop thread reads or writes it, so it needs no lock.
+ * store, the devices, the resolved admin group and the libuv loop, and a
+ * pointer to each module's own state (opaque here). Only the loop thread
+ * reads or writes it, so it needs no lock.
  */
 #ifndef GS_DAEMON_H
 #define GS_DAEMON_H
@@ -21,6 +22,8 @@
 typedef struct gs_server gs_server;
 typedef struct gs_uploads gs_uploads;
 typedef struct gs_jobs gs_jobs;
+typedef struct gs_execs gs_execs;
+typedef struct gs_watches gs_watches;
 
 typedef struct gs_daemon {
   gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
@@ -35,11 +38,10 @@ typedef struct gs_daemon {
   uv_loop_t *loop;
   gs_server *server;
   uint64_t requests;        /* served since start, for the status line */
-  gs_uploads *uploads;      /* dataset uploads in progress (datasets.c) */
-  gs_jobs *jobs;            /* jobs, scheduler and executors (jobs.c) */
+  gs_uploads *uploads;      /* dataset uploads in progress (rpc_datasets.c) */
+  gs_jobs *jobs;            /* the job records (job.c) */
+  gs_execs *execs;          /* the executors and their reports (exec_events.c) */
+  gs_watches *watches;      /* watch streams (rpc_jobs.c) */
 } gs_daemon;
-
-/* Resolve cfg.admin_group to a gid (logs when the group does not exist). */
-void gs_daemon_resolve_admin(gs_daemon *d);
 
 #endif

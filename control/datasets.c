@@ -1,64 +1,30 @@
 /*
- * datasets.c: tenants' datasets, uploaded over the control socket.
+ * datasets.c: the store's content-addressed dataset blobs, and the
+ * resolution of a job's dataset references to them.
  *
- * The daemon never opens a path a client names: `gpuctl dataset add` (and
- * `gpuctl submit`, for the IDX paths in a job) sends the bytes in chunks.
- * An upload writes STATE_DIR/uploads/<id>.part while it lasts, hashing as it
- * goes; commit checks the size and the sha256 the client computed, fsyncs,
- * and renames the file to STATE_DIR/datasets/<sha256> (or drops it when that
- * content is already there: blobs are shared, deduplicated by content),
- * then records the tenant's name for it in the store. Until that row exists
- * nothing of the upload is visible; a connection that closes mid-upload, a
- * daemon killed mid-upload (the uploads directory is emptied at start) or a
- * checksum that does not match leaves nothing behind. An upload id is only
- * valid on the connection that started it.
- *
- * A dataset is an IDX file (raw or gzip), and commit checks it as the
- * training runtime will read it (runtime/data.c): the magic, the
- * dimensions (none 0, at most GS_DATASET_MAX_ELEMS bytes in all) and a body
- * of exactly that length, read as a stream (64 KiB at a time, stopping one
- * byte past what the header promises), so a wrong file is refused when it is
- * added, naming what is wrong, not when a job starts, and a claimed 100 GB
- * dimension costs the 16 bytes of its header.
+ * Blobs live in STATE_DIR/datasets/<sha256>, shared between the tenants'
+ * names for them (rows of the store). The daemon never opens a path a
+ * client names: a reference is "sha256:HEX" or the name of one of the
+ * tenant's datasets, and anything that looks like a path is refused. The
+ * uploads that make blobs are rpc_datasets.c's; this module only makes the
+ * directories, empties uploads/ at start (what a crash cut off was never
+ * visible) and answers "which file is this reference?".
  */
 #include "control/datasets.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
-#include "runtime/data.h"
-#include "common/sha256.h"
-#include "control/jobs.h"
 #include "control/log.h"
-#include "common/size.h"
+#include "control/store.h"
 
-typedef struct upload {
-  uint64_t id;
-  const gs_conn *conn;  /* the connection that owns it */
-  char tenant[GS_NAME_MAX + 1];
-  char name[GS_NAME_MAX + 1];
-  char path[4200];      /* the .part file */
-  int fd;
-  gs_sha256 sha;
-  uint64_t received, total; /* total 0: not announced */
-  struct upload *next;
-} upload;
-
-struct gs_uploads {
-  upload *list;
-  uint64_t next_id;
-};
-
-static void dir_of(const gs_daemon *d, const char *sub, char *buf, size_t len) {
+void gs_datasets_dir(const gs_daemon *d, const char *sub, char *buf, size_t len) {
   snprintf(buf, len, "%s/%s", d->cfg.state_dir, sub);
 }
 
@@ -68,18 +34,15 @@ void gs_dataset_blob_path(const gs_daemon *d, const char *sha256, char *buf, siz
 
 int gs_datasets_init(gs_daemon *d, gs_err *e) {
   char dir[4200];
-  d->uploads = calloc(1, sizeof *d->uploads);
-  if (!d->uploads) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  d->uploads->next_id = 1;
   const char *subs[] = {"datasets", "uploads"};
   for (size_t i = 0; i < 2; i++) {
-    dir_of(d, subs[i], dir, sizeof dir);
+    gs_datasets_dir(d, subs[i], dir, sizeof dir);
     if (mkdir(dir, 0750) < 0 && errno != EEXIST)
       return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot create %s: %s", dir,
                         strerror(errno));
   }
   /* Uploads cut off by a crash: never committed, never visible. */
-  dir_of(d, "uploads", dir, sizeof dir);
+  gs_datasets_dir(d, "uploads", dir, sizeof dir);
   DIR *dh = opendir(dir);
   unsigned removed = 0;
   for (struct dirent *de; dh && (de = readdir(dh));) {
@@ -91,473 +54,6 @@ int gs_datasets_init(gs_daemon *d, gs_err *e) {
   if (dh) closedir(dh);
   if (removed) gs_info("removed %u unfinished upload%s", removed, removed == 1 ? "" : "s");
   return 0;
-}
-
-static void upload_drop(gs_daemon *d, upload *u) {
-  upload **pp = &d->uploads->list;
-  while (*pp && *pp != u) pp = &(*pp)->next;
-  if (*pp) *pp = u->next;
-  if (u->fd >= 0) close(u->fd);
-  unlink(u->path);
-  free(u);
-}
-
-void gs_datasets_conn_closed(gs_daemon *d, const gs_conn *conn) {
-  if (!d->uploads) return;
-  for (upload *u = d->uploads->list, *n; u; u = n) {
-    n = u->next;
-    if (u->conn == conn) {
-      gs_info("upload %" PRIu64 " of %s/%s dropped: its connection closed after %" PRIu64 " bytes",
-              u->id, u->tenant, u->name, u->received);
-      upload_drop(d, u);
-    }
-  }
-}
-
-void gs_datasets_shutdown(gs_daemon *d) {
-  if (!d->uploads) return;
-  while (d->uploads->list) upload_drop(d, d->uploads->list);
-  free(d->uploads);
-  d->uploads = NULL;
-}
-
-static Gpushare__V1__DatasetInfo *info_msg(arena *a, const gs_dataset_row *r) {
-  Gpushare__V1__DatasetInfo *m =
-      AR_MSG(a, Gpushare__V1__DatasetInfo, GPUSHARE__V1__DATASET_INFO__INIT);
-  if (!m) return NULL;
-  m->name = ar_strdup(a, r->name);
-  m->tenant = ar_strdup(a, r->tenant);
-  m->sha256 = ar_strdup(a, r->sha256);
-  m->has_bytes = m->has_created_unix = 1;
-  m->bytes = r->bytes;
-  m->created_unix = r->created;
-  return m;
-}
-
-/* The tenant a dataset call acts for: the caller's own (admins too: data
- * belongs to a tenant, and an admin who is no member has none). */
-static int acting_tenant(call_ctx *c, gs_err *e) {
-  if (c->id.tenant[0]) return 0;
-  return gs_err_set(e, GS_FAILED_PRECONDITION, "",
-                    "uid %" PRIu32 " is not a member of any tenant; datasets belong to a tenant",
-                    c->peer->uid);
-}
-
-/* ------------------------------------------------------ IDX check --- */
-
-/* An uploaded file read as a stream of IDX bytes: raw, or inflated. */
-typedef struct idx_stream {
-  int fd;
-  bool gz, z_end, eof;   /* gzip input; its last member ended; no more input */
-  z_stream z;
-  uint8_t in[65536];
-  size_t in_len, in_pos; /* raw: the bytes of `in` not yet consumed */
-  uint64_t in_total;     /* compressed bytes read so far */
-} idx_stream;
-
-static int idx_fill(idx_stream *s) {
-  ssize_t n;
-  do n = read(s->fd, s->in, sizeof s->in);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return -errno;
-  if (n == 0) s->eof = true;
-  s->in_len = (size_t)n;
-  s->in_pos = 0;
-  s->in_total += (uint64_t)n;
-  if (s->gz) {
-    s->z.next_in = s->in;
-    s->z.avail_in = (uInt)n;
-  }
-  return 0;
-}
-
-/* Up to `want` bytes into dst; *got < want only at the end of the data.
- * 0, or -1 with e set (a broken or truncated gzip stream). */
-static int idx_next(idx_stream *s, const char *name, uint8_t *dst, size_t want, size_t *got,
-                    gs_err *e) {
-  *got = 0;
-  while (*got < want) {
-    if (!s->gz) {
-      if (s->in_pos == s->in_len) {
-        if (s->eof || idx_fill(s) < 0 || s->eof) return 0;
-      }
-      size_t k = s->in_len - s->in_pos < want - *got ? s->in_len - s->in_pos : want - *got;
-      memcpy(dst + *got, s->in + s->in_pos, k);
-      s->in_pos += k;
-      *got += k;
-      continue;
-    }
-    if (s->z_end) return 0;
-    if (s->z.avail_in == 0 && !s->eof && idx_fill(s) < 0)
-      return gs_err_set(e, GS_INTERNAL, "data", "cannot read the upload of %s back: %s", name,
-                        strerror(errno));
-    if (s->z.avail_in == 0 && s->eof)
-      return gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-                        "dataset %s is a truncated gzip file: the compressed stream stops after "
-                        "%" PRIu64 " bytes without its end marker (an interrupted download or "
-                        "copy?)",
-                        name, s->in_total);
-    s->z.next_out = dst + *got;
-    s->z.avail_out = (uInt)(want - *got);
-    uInt before = s->z.avail_out;
-    int rc = inflate(&s->z, Z_NO_FLUSH);
-    *got += before - s->z.avail_out;
-    if (rc == Z_STREAM_END) {
-      /* Concatenated members (cat a.gz b.gz) go on, as gzip(1) reads them. */
-      if (s->z.avail_in == 0 && !s->eof && idx_fill(s) < 0) return 0;
-      if (s->z.avail_in >= 2 && s->z.next_in[0] == 0x1f && s->z.next_in[1] == 0x8b) {
-        inflateReset(&s->z);
-        continue;
-      }
-      s->z_end = true;
-      return 0;
-    }
-    if (rc != Z_OK && !(rc == Z_BUF_ERROR && s->z.avail_in == 0))
-      return gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-                        "dataset %s is not a valid gzip file: zlib says \"%s\" near compressed "
-                        "byte %" PRIu64,
-                        name, s->z.msg ? s->z.msg : zError(rc),
-                        s->in_total - (uint64_t)s->z.avail_in);
-  }
-  return 0;
-}
-
-/* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
- * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
-static int idx_check(const char *path, const char *name, gs_err *e) {
-  idx_stream *s = calloc(1, sizeof *s);
-  if (!s) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  int rc = -1;
-  s->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (s->fd < 0) {
-    gs_err_set(e, GS_INTERNAL, "", "cannot read the upload of %s back: %s", name, strerror(errno));
-    goto out_free;
-  }
-  if (idx_fill(s) < 0) {
-    gs_err_set(e, GS_INTERNAL, "", "cannot read the upload of %s back: %s", name, strerror(errno));
-    goto out_close;
-  }
-  if (s->in_len >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b) {
-    s->gz = true;
-    s->z.next_in = s->in;
-    s->z.avail_in = (uInt)s->in_len;
-    if (inflateInit2(&s->z, 15 + 16) != Z_OK) {
-      gs_err_set(e, GS_INTERNAL, "", "zlib could not start inflating %s", name);
-      goto out_close;
-    }
-  }
-  uint8_t hdr[20];
-  size_t got;
-  const char *unz = s->gz ? " after decompression" : "";
-  if (idx_next(s, name, hdr, 4, &got, e) < 0) goto out_z;
-  if (got < 4) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s has %zu bytes%s; an IDX file starts with a 4-byte magic and its "
-               "dimensions",
-               name, got, unz);
-    goto out_z;
-  }
-  uint32_t magic = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
-  unsigned nd = hdr[3];
-  if (hdr[0] || hdr[1] || hdr[2] != 0x08 || (nd != 1 && nd != 3 && nd != 4)) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s is not an IDX file gpushare reads: its magic number is 0x%08x%s; "
-               "expected 0x00000801 (labels), 0x00000803 or 0x00000804 (images), unsigned bytes",
-               name, magic, unz);
-    goto out_z;
-  }
-  if (idx_next(s, name, hdr + 4, 4 * nd, &got, e) < 0) goto out_z;
-  if (got < 4 * nd) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s is truncated inside its header: %u dimensions need %u bytes after the "
-               "magic, found %zu",
-               name, nd, 4 * nd, got);
-    goto out_z;
-  }
-  uint64_t elems = 1;
-  char shape[64];
-  int o = 0;
-  for (unsigned i = 0; i < nd; i++) {
-    const uint8_t *p = hdr + 4 + 4 * i;
-    uint32_t dim = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-    o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%" PRIu32, i ? "x" : "", dim);
-    if (dim == 0) {
-      gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-                 "dataset %s has dimension %u = 0; every dimension must be at least 1", name, i);
-      goto out_z;
-    }
-    if (elems <= GS_DATASET_MAX_ELEMS) elems *= dim; /* <= 2^32 * 2^32: no overflow */
-  }
-  if (elems > GS_DATASET_MAX_ELEMS) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s claims dimensions %s, more than the %" PRIu64 " bytes (4 GiB) gpushare "
-               "reads from one file",
-               name, shape, (uint64_t)GS_DATASET_MAX_ELEMS);
-    goto out_z;
-  }
-  uint64_t body = 0;
-  uint8_t buf[65536];
-  do {
-    uint64_t left = elems + 1 - body; /* one byte past the promise tells trailing bytes */
-    if (idx_next(s, name, buf, left < sizeof buf ? (size_t)left : sizeof buf, &got, e) < 0)
-      goto out_z;
-    body += got;
-  } while (got > 0 && body <= elems);
-  if (body < elems) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s is truncated: its header (%s) promises %" PRIu64 " bytes after it, "
-               "the file%s has %" PRIu64,
-               name, shape, elems, unz, body);
-    goto out_z;
-  }
-  if (body == elems && s->gz && !s->z_end) {
-    /* every promised byte came: the stream must end here, marker and all */
-    if (idx_next(s, name, buf, 1, &got, e) < 0) goto out_z;
-    body += got;
-  }
-  if (body > elems || (s->gz && s->z.avail_in > 0)) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "data",
-               "dataset %s has trailing bytes after the %" PRIu64 " bytes its header (%s) "
-               "promises",
-               name, elems, shape);
-    goto out_z;
-  }
-  rc = 0;
-out_z:
-  if (s->gz) inflateEnd(&s->z);
-out_close:
-  close(s->fd);
-out_free:
-  free(s);
-  return rc;
-}
-
-/* max_tenant_datasets: would `bytes` more (content `sha`, when known, counts
- * nothing if the tenant already holds it) take the tenant past its limit?
- * Held bytes count each content the tenant's datasets name once. */
-static int quota_check(gs_daemon *d, const char *tenant, const char *name, const char *sha,
-                       uint64_t bytes, const char *field, gs_err *e) {
-  gs_dataset_row *rows;
-  size_t n;
-  if (gs_store_dataset_list(d->store, tenant, &rows, &n, e) < 0) return -1;
-  uint64_t held = 0;
-  for (size_t i = 0; i < n; i++) {
-    bool seen = false;
-    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(rows[i].sha256, rows[j].sha256) == 0;
-    if (!seen) held += rows[i].bytes;
-    if (sha && strcmp(rows[i].sha256, sha) == 0) bytes = 0;
-  }
-  free(rows);
-  uint64_t lim = d->cfg.max_tenant_datasets;
-  if (held <= lim && bytes <= lim - held) return 0;
-  char sz[3][32];
-  return gs_err_set(e, GS_RESOURCE_EXHAUSTED, field,
-                    "tenant %s holds %s in datasets; dataset %s (%s) would take it past %s "
-                    "(max_tenant_datasets); nothing was kept: remove a dataset first",
-                    tenant, gs_size_format(held, sz[0], sizeof sz[0]), name,
-                    gs_size_format(bytes, sz[1], sizeof sz[1]),
-                    gs_size_format(lim, sz[2], sizeof sz[2]));
-}
-
-static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_dataset_row *row,
-                         gs_err *e) {
-  gs_daemon *d = c->d;
-  char sizes[2][32];
-  if (u->total && u->received != u->total)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "total_bytes",
-                      "upload of %s announced %" PRIu64 " bytes but %" PRIu64
-                      " arrived; nothing was kept",
-                      u->name, u->total, u->received);
-  uint8_t dig[32];
-  char hex[65];
-  gs_sha256_final(&u->sha, dig);
-  gs_sha256_hex(dig, hex);
-  if (want_sha && *want_sha && strcmp(want_sha, hex) != 0)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "sha256",
-                      "upload of %s has sha256 %s but the client computed %.64s; the data was "
-                      "damaged on the way, nothing was kept",
-                      u->name, hex, want_sha);
-  if (idx_check(u->path, u->name, e) < 0) return -1;
-  if (quota_check(d, u->tenant, u->name, hex, u->received, "data", e) < 0)
-    return -1;
-  if (fsync(u->fd) < 0)
-    return gs_err_set(e, GS_INTERNAL, "", "fsync %s: %s", u->path, strerror(errno));
-  close(u->fd);
-  u->fd = -1;
-  char blob[4200];
-  gs_dataset_blob_path(d, hex, blob, sizeof blob);
-  struct stat st;
-  if (stat(blob, &st) == 0) {
-    unlink(u->path); /* the same content is already stored */
-  } else if (rename(u->path, blob) < 0) {
-    return gs_err_set(e, GS_INTERNAL, "", "rename %s: %s", blob, strerror(errno));
-  } else {
-    char dir[4200];
-    dir_of(d, "datasets", dir, sizeof dir);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-      fsync(dfd);
-      close(dfd);
-    }
-  }
-  memset(row, 0, sizeof *row);
-  snprintf(row->tenant, sizeof row->tenant, "%s", u->tenant);
-  snprintf(row->name, sizeof row->name, "%s", u->name);
-  snprintf(row->sha256, sizeof row->sha256, "%s", hex);
-  row->bytes = u->received;
-  row->created = (int64_t)time(NULL);
-  if (gs_store_dataset_add(d->store, row, e) < 0) {
-    /* The blob stays only if another dataset names it. */
-    gs_dataset_row *all;
-    size_t n;
-    bool used = false;
-    if (gs_store_dataset_list(d->store, NULL, &all, &n, NULL) == 0) {
-      for (size_t i = 0; i < n; i++) used |= strcmp(all[i].sha256, hex) == 0;
-      free(all);
-      if (!used) unlink(blob);
-    }
-    return -1;
-  }
-  gs_info("dataset %s/%s stored: %s, sha256 %.16s...", row->tenant, row->name,
-          gs_size_format(row->bytes, sizes[0], sizeof sizes[0]), hex);
-  return 0;
-}
-
-int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  const Gpushare__V1__UploadDatasetRequest *r = rq->upload_dataset;
-  gs_daemon *d = c->d;
-  if (acting_tenant(c, e) < 0) return -1;
-  upload *u = NULL;
-  char sz[2][32];
-  if (!r->has_upload_id || r->upload_id == 0) {
-    if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
-    if (r->has_total_bytes && r->total_bytes > d->cfg.max_upload)
-      return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "total_bytes",
-                        "dataset %s is %s; this daemon takes uploads of at most %s (max_upload)",
-                        r->name, gs_size_format(r->total_bytes, sz[0], sizeof sz[0]),
-                        gs_size_format(d->cfg.max_upload, sz[1], sizeof sz[1]));
-    if (r->has_total_bytes &&
-        quota_check(d, c->id.tenant, r->name, NULL, r->total_bytes, "total_bytes", e) < 0)
-      return -1;
-    u = calloc(1, sizeof *u);
-    if (!u) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-    u->id = d->uploads->next_id++;
-    u->conn = c->conn;
-    snprintf(u->tenant, sizeof u->tenant, "%s", c->id.tenant);
-    snprintf(u->name, sizeof u->name, "%s", r->name);
-    u->total = r->has_total_bytes ? r->total_bytes : 0;
-    snprintf(u->path, sizeof u->path, "%s/uploads/%" PRIu64 ".part", d->cfg.state_dir, u->id);
-    u->fd = open(u->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (u->fd < 0) {
-      int err = errno;
-      free(u);
-      return gs_err_set(e, GS_INTERNAL, "", "cannot create an upload file: %s", strerror(err));
-    }
-    gs_sha256_init(&u->sha);
-    u->next = d->uploads->list;
-    d->uploads->list = u;
-  } else {
-    for (upload *p = d->uploads->list; p; p = p->next)
-      if (p->id == r->upload_id && p->conn == c->conn) u = p;
-    if (!u)
-      return gs_err_set(e, GS_NOT_FOUND, "upload_id",
-                        "no upload %" PRIu64 " on this connection (uploads do not survive a "
-                        "reconnect or a restart: start again)",
-                        r->upload_id);
-  }
-  if (r->has_data && r->data.len) {
-    uint64_t after = u->received + r->data.len;
-    if (after > d->cfg.max_upload || (u->total && after > u->total)) {
-      gs_err_set(e, GS_RESOURCE_EXHAUSTED, "data",
-                 "upload of %s passes %s (%s); nothing was kept", u->name,
-                 gs_size_format(u->total && u->total < d->cfg.max_upload ? u->total
-                                                                          : d->cfg.max_upload,
-                                sz[0], sizeof sz[0]),
-                 u->total && after > u->total ? "the size it announced" : "max_upload");
-      upload_drop(d, u);
-      return -1;
-    }
-    if (quota_check(d, u->tenant, u->name, NULL, after, "data", e) < 0) {
-      upload_drop(d, u);
-      return -1;
-    }
-    const uint8_t *p = r->data.data;
-    size_t left = r->data.len;
-    while (left) {
-      ssize_t w = write(u->fd, p, left);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        gs_err_set(e, GS_RESOURCE_EXHAUSTED, "data", "cannot store the upload: %s",
-                   strerror(errno));
-        upload_drop(d, u);
-        return -1;
-      }
-      p += w;
-      left -= (size_t)w;
-    }
-    gs_sha256_update(&u->sha, r->data.data, r->data.len);
-    u->received = after;
-  }
-  Gpushare__V1__UploadDatasetResponse *m = AR_MSG(&c->ar, Gpushare__V1__UploadDatasetResponse,
-                                                  GPUSHARE__V1__UPLOAD_DATASET_RESPONSE__INIT);
-  if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  m->has_upload_id = m->has_received_bytes = 1;
-  m->upload_id = u->id;
-  m->received_bytes = u->received;
-  if (r->has_commit && r->commit) {
-    gs_dataset_row row;
-    int rc = commit_upload(c, u, r->sha256, &row, e);
-    upload_drop(d, u);
-    if (rc < 0) return -1;
-    m->dataset = info_msg(&c->ar, &row);
-  }
-  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_UPLOAD_DATASET;
-  c->resp->upload_dataset = m;
-  return 0;
-}
-
-int gs_rpc_list_datasets(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  (void)rq;
-  gs_dataset_row *rows;
-  size_t n;
-  if (!c->id.admin && acting_tenant(c, e) < 0) return -1;
-  if (gs_store_dataset_list(c->d->store, c->id.admin ? NULL : c->id.tenant, &rows, &n, e) < 0)
-    return -1;
-  Gpushare__V1__ListDatasetsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListDatasetsResponse,
-                                                 GPUSHARE__V1__LIST_DATASETS_RESPONSE__INIT);
-  if (m) m->dataset = ar_alloc(&c->ar, n * sizeof *m->dataset + 1);
-  for (size_t i = 0; m && m->dataset && i < n; i++) m->dataset[m->n_dataset++] = info_msg(&c->ar, &rows[i]);
-  free(rows);
-  if (!m || c->ar.failed) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_DATASETS;
-  c->resp->list_datasets = m;
-  return 0;
-}
-
-int gs_rpc_remove_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  const char *name = rq->remove_dataset->name;
-  if (acting_tenant(c, e) < 0) return -1;
-  if (gs_store_name_valid(name, "name", e) < 0) return -1;
-  gs_dataset_row row;
-  if (gs_store_dataset_get(c->d->store, c->id.tenant, name, &row, e) < 0) return -1;
-  uint64_t job = gs_jobs_using_blob(c->d, row.sha256);
-  if (job)
-    return gs_err_set(e, GS_FAILED_PRECONDITION, "name",
-                      "dataset %s is used by job %" PRIu64 ", which has not ended; cancel it or "
-                      "wait for it",
-                      name, job);
-  uint64_t refs;
-  if (gs_store_dataset_remove(c->d->store, c->id.tenant, name, &row, &refs, e) < 0) return -1;
-  if (refs == 0) {
-    char blob[4200];
-    gs_dataset_blob_path(c->d, row.sha256, blob, sizeof blob);
-    unlink(blob);
-  }
-  gs_info("dataset %s/%s removed%s", row.tenant, name, refs ? " (its content stays: shared)" : "");
-  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_REMOVE_DATASET;
-  c->resp->remove_dataset = AR_MSG(&c->ar, Gpushare__V1__RemoveDatasetResponse,
-                                   GPUSHARE__V1__REMOVE_DATASET_RESPONSE__INIT);
-  return c->resp->remove_dataset ? 0 : gs_err_set(e, GS_INTERNAL, "", "out of memory");
 }
 
 int gs_datasets_resolve(gs_daemon *d, const char *tenant, const char *ref, const char *field,
@@ -590,4 +86,35 @@ int gs_datasets_resolve(gs_daemon *d, const char *tenant, const char *ref, const
   }
   gs_dataset_blob_path(d, row.sha256, path, len);
   return 0;
+}
+
+int gs_datasets_resolve_set(gs_daemon *d, const char *tenant, const Gpushare__V1__Dataset *ds,
+                            const char *field, char *images, char *labels, size_t len,
+                            gs_err *e) {
+  images[0] = labels[0] = '\0';
+  char f[96];
+  if (!ds) return 0;
+  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_IDX) {
+    snprintf(f, sizeof f, "%s.idx.images", field);
+    if (gs_datasets_resolve(d, tenant, ds->idx->images, f, images, len, e) < 0) return -1;
+    snprintf(f, sizeof f, "%s.idx.labels", field);
+    return gs_datasets_resolve(d, tenant, ds->idx->labels, f, labels, len, e);
+  }
+  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_NAME) {
+    /* A named pair: the tenant's datasets NAME.images and NAME.labels. */
+    char n1[GS_NAME_MAX + 8], n2[GS_NAME_MAX + 8];
+    snprintf(n1, sizeof n1, "%s.images", ds->name);
+    snprintf(n2, sizeof n2, "%s.labels", ds->name);
+    snprintf(f, sizeof f, "%s.name", field);
+    if (gs_datasets_resolve(d, tenant, n1, f, images, len, e) < 0 ||
+        gs_datasets_resolve(d, tenant, n2, f, labels, len, e) < 0) {
+      gs_err_set(e, GS_NOT_FOUND, f,
+                 "dataset name \"%.63s\" needs the tenant's datasets %s and %s (gpuctl dataset "
+                 "add %s IMAGES_FILE and %s LABELS_FILE)",
+                 ds->name, n1, n2, n1, n2);
+      return -1;
+    }
+    return 0;
+  }
+  return 0; /* synthetic: nothing to resolve */
 }

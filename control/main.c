@@ -4,8 +4,14 @@
  *   gpushared [--config F] [--socket P] [--state-dir D] [--foreground]
  *
  * Start-up order: configuration (defaults, then the file, then the command
- * line), the store (migrated), the devices, the socket; then READY=1 to
- * systemd and the loop. Without --foreground the daemon detaches and the
+ * line), the store (migrated), the devices, the socket (with gs_rpc_handle
+ * as its dispatcher), the signals, the jobs of the store, the executors;
+ * then READY=1 to systemd and the loop.
+ *
+ * Signals are handled here: SIGTERM/SIGINT drain the server and stop the
+ * executors (each checkpoints its running jobs); SIGHUP reloads the
+ * configuration and tells the server its live limits changed. Nothing
+ * calls up into this file. Without --foreground the daemon detaches and the
  * starting process exits 0 only once the socket answers, so a script can
  * call gpuctl right after it; its log goes to STATE_DIR/gpushared.log.
  *
@@ -29,17 +35,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <time.h>
+
+#include "common/size.h"
 #include "control/config.h"
 #include "control/daemon.h"
 #include "control/datasets.h"
-#include "control/jobs.h"
 #include "control/devices.h"
+#include "control/exec_events.h"
+#include "control/job.h"
 #include "control/log.h"
-#include "control/supervisor.h"
 #include "control/notify.h"
+#include "control/rpc.h"
 #include "control/server.h"
-#include "common/size.h"
 #include "control/store.h"
+#include "control/supervisor.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -62,13 +72,116 @@ static void usage(FILE *f) {
           "See docs/operations.md.\n");
 }
 
-void gs_daemon_resolve_admin(gs_daemon *d) {
+/* Resolve cfg.admin_group to a gid (logs when the group does not exist). */
+static void resolve_admin(gs_daemon *d) {
   struct group *g = d->cfg.admin_group[0] ? getgrnam(d->cfg.admin_group) : NULL;
   d->have_admin_gid = g != NULL;
   d->admin_gid = g ? (uint32_t)g->gr_gid : 0;
   if (!g)
     gs_warn("admin group %s does not exist: only root can administer gpushare",
             d->cfg.admin_group);
+}
+
+/* SIGHUP: read the configuration again, as a restart would: the file named
+ * with --config (which must still exist), else GS_CONFIG_DEFAULT_PATH, whose
+ * absence means every default, as at start (so an operator of the unit,
+ * which starts the daemon without --config, can create the file and reload).
+ * The live keys are applied; the others keep their running values and the
+ * log says a restart is needed for them.
+ *
+ * on_signal has told systemd RELOADING=1, and sd_notify(3) wants READY=1
+ * once the reload is over, whatever came of it: without it the unit stays
+ * "reloading" and `systemctl reload` waits. So every way out of here sends
+ * READY=1, with a STATUS= line saying what happened. */
+static void reload(gs_daemon *d) {
+  const char *path = d->config_named ? d->config_path : GS_CONFIG_DEFAULT_PATH;
+  gs_config neu;
+  gs_err e;
+  gs_err_clear(&e);
+  /* Re-read on top of the defaults, as at start, then keep the values the
+   * command line fixed (socket and state directory). A file that fails
+   * leaves neu untouched, at the defaults. */
+  gs_config_defaults(&neu);
+  bool missing = false;
+  if (gs_config_load(path, &neu, &e) < 0) {
+    if (d->config_named || e.code != GS_NOT_FOUND) {
+      gs_error("SIGHUP: %s: %s; keeping the running configuration", e.field, e.msg);
+      gs_notifyf("READY=1\nSTATUS=reload refused: %s: %s; running configuration kept", e.field,
+                 e.msg);
+      return;
+    }
+    missing = true;
+  }
+  bool had_file = d->config_path[0] != '\0';
+  snprintf(neu.socket_path, sizeof neu.socket_path, "%s", d->cfg.socket_path);
+  snprintf(neu.state_dir, sizeof neu.state_dir, "%s", d->cfg.state_dir);
+  char *restart = gs_config_restart_needed(&d->cfg, &neu);
+  if (restart) gs_warn("SIGHUP: %s changed; that needs a restart, keeping the running value", restart);
+  /* Apply the keys that can change live. */
+  snprintf(d->cfg.admin_group, sizeof d->cfg.admin_group, "%s", neu.admin_group);
+  snprintf(d->cfg.log_level, sizeof d->cfg.log_level, "%s", neu.log_level);
+  d->cfg.max_connections = neu.max_connections;
+  d->cfg.max_inflight = neu.max_inflight;
+  d->cfg.idle_timeout_s = neu.idle_timeout_s;
+  d->cfg.max_upload = neu.max_upload;
+  d->cfg.max_tenant_datasets = neu.max_tenant_datasets;
+  d->cfg.max_job_spec = neu.max_job_spec;
+  d->cfg.max_frame = neu.max_frame;
+  gs_log_set_level(d->cfg.log_level);
+  /* Limits on connections in force now. */
+  gs_server_limits_changed(d->server);
+  resolve_admin(d);
+  char what[4200];
+  if (!missing) {
+    snprintf(what, sizeof what, "configuration reloaded from %s", path);
+    if (path != d->config_path) snprintf(d->config_path, sizeof d->config_path, "%s", path);
+  } else if (!had_file) {
+    snprintf(what, sizeof what, "no configuration file (%s does not exist); running on "
+             "defaults, nothing changed", path);
+  } else {
+    d->config_path[0] = '\0';
+    snprintf(what, sizeof what, "%s no longer exists; live settings back to their defaults",
+             path);
+  }
+  gs_info("SIGHUP: %s", what);
+  gs_notifyf("READY=1\nSTATUS=%s%s%s", what, restart ? "; restart needed for " : "",
+             restart ? restart : "");
+  free(restart);
+}
+
+/* SIGTERM/SIGINT: stop serving (the server drains its connections) and let
+ * the executors checkpoint their running jobs and exit; the loop ends once
+ * every handle is closed. SIGHUP: reload. */
+static uv_signal_t sig_term, sig_int, sig_hup;
+
+static void on_signal(uv_signal_t *h, int signum) {
+  gs_daemon *d = h->data;
+  if (signum == SIGHUP) {
+    /* MONOTONIC_USEC lets a Type=notify-reload manager (systemd >= 253) tell
+     * this reload from an earlier one; older ones ignore it. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    gs_notifyf("RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=reloading the configuration",
+               (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
+    reload(d);
+    return;
+  }
+  gs_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  uv_close((uv_handle_t *)&sig_term, NULL);
+  uv_close((uv_handle_t *)&sig_int, NULL);
+  uv_close((uv_handle_t *)&sig_hup, NULL);
+  gs_server_drain(d->server);
+  gs_exec_events_shutdown(d);
+}
+
+static void signals_start(gs_daemon *d) {
+  uv_signal_t *h[] = {&sig_term, &sig_int, &sig_hup};
+  int num[] = {SIGTERM, SIGINT, SIGHUP};
+  for (size_t i = 0; i < 3; i++) {
+    uv_signal_init(d->loop, h[i]);
+    h[i]->data = d;
+    uv_signal_start(h[i], on_signal, num[i]);
+  }
 }
 
 /* Detach; the parent waits for a byte on `ready` (or its closing) and exits
@@ -229,16 +342,18 @@ int main(int argc, char **argv) {
                                      why, sizeof why);
     if (gpus == 0) gs_info("no GPU device: %s; serving the cpu device", why);
   }
-  gs_daemon_resolve_admin(&d);
+  resolve_admin(&d);
   /* Listen first: taking a socket-activated descriptor clears LISTEN_FDS,
-   * so the executors gs_jobs_init starts inherit neither it nor the
+   * so the executors gs_exec_events_init starts inherit neither it nor the
    * variables (nothing is served before uv_run). */
   gs_server *srv;
-  if (gs_server_listen(&d, &srv, &e) < 0) {
+  if (gs_server_listen(&d, gs_rpc_handle, &srv, &e) < 0) {
     gs_error("%s", e.msg);
     goto out;
   }
-  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_init(&d, &e) < 0) {
+  signals_start(&d);
+  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_load(&d, &e) < 0 ||
+      gs_exec_events_init(&d, &e) < 0) {
     gs_error("%s", e.msg);
     goto out;
   }
@@ -265,12 +380,13 @@ int main(int argc, char **argv) {
   rc = 0;
 out:
   if (ready_fd >= 0) close(ready_fd);
-  if (d.jobs && rc != 0) {
-    gs_jobs_shutdown(&d);
+  if (d.execs && rc != 0) {
+    gs_exec_events_shutdown(&d);
     uv_run(&loop, UV_RUN_DEFAULT);
   }
+  gs_exec_events_free(&d);
+  gs_rpc_free(&d);
   gs_jobs_free(&d);
-  gs_datasets_shutdown(&d);
   gs_store_close(d.store);
   uv_run(&loop, UV_RUN_NOWAIT);
   uv_loop_close(&loop);

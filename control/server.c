@@ -31,9 +31,16 @@
  * is closed by a once-a-second sweep. Nothing here blocks: requests are
  * short SQLite transactions on the loop thread.
  *
- * Draining (SIGTERM): stop accepting, stop reading, let queued responses
- * flush, close every connection; the loop then runs out of handles and
- * gs_server_run returns.
+ * The server does not know the calls: main.c gives it the dispatcher
+ * (gs_rpc_handle), and the handlers below that use what server.h exports
+ * on a connection: gs_server_send for the frames of a stream, and
+ * gs_server_on_close for what must end with the connection (a watch, an
+ * upload). Signals and the configuration reload are main.c's; after a
+ * reload it calls gs_server_limits_changed.
+ *
+ * Draining (SIGTERM, from main.c): stop accepting, stop reading, let queued
+ * responses flush, close every connection; the loop then runs out of
+ * handles and returns.
  */
 #include "control/server.h"
 
@@ -49,18 +56,22 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "control/auth.h"
-#include "control/datasets.h"
-#include "control/jobs.h"
 #include "control/log.h"
 #include "control/notify.h"
-#include "control/rpc.h"
 #include "proto/wire.h"
 
 typedef struct gs_conn conn;
+
+#define GS_SERVER_CLOSE_HOOKS 4 /* distinct close hooks a connection holds */
+
+typedef struct close_hook {
+  gs_server_close_fn fn;
+  void *arg;
+} close_hook;
+
 struct gs_conn {
   uv_pipe_t pipe;        /* first: the handle's address is the conn's */
   gs_server *srv;
@@ -75,6 +86,7 @@ struct gs_conn {
   size_t pend_off, pend_len;
   uint64_t last_active;  /* uv_now() when bytes last arrived or an answer went out */
   bool closing;
+  close_hook hooks[GS_SERVER_CLOSE_HOOKS]; /* called once it has closed */
   conn *prev, *next;
 };
 
@@ -82,6 +94,7 @@ enum { PAUSE_NONE, PAUSE_FULL, PAUSE_FDS }; /* why accepting is paused */
 
 struct gs_server {
   gs_daemon *d;
+  gs_server_dispatch dispatch; /* one request frame in, its answer out */
   int listen_fd;         /* the listening socket; -1 once closed */
   uv_poll_t listener;    /* readable listen_fd: clients wait in the kernel's queue */
   bool listening;        /* listener initialized and not closed */
@@ -97,7 +110,6 @@ struct gs_server {
   conn *conns;           /* every open connection */
   size_t n_conns;
   bool draining;
-  uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t drain_timer;
   uv_timer_t retry_timer; /* accept again after EMFILE/ENFILE */
   uv_timer_t idle_timer;  /* once a second: close the idle connections */
@@ -127,8 +139,8 @@ static void on_conn_closed(uv_handle_t *h) {
   conn *c = (conn *)h;
   gs_server *s = c->srv;
   /* Streams and uploads of this connection end with it. */
-  gs_jobs_conn_closed(s->d, c);
-  gs_datasets_conn_closed(s->d, c);
+  for (size_t i = 0; i < GS_SERVER_CLOSE_HOOKS && c->hooks[i].fn; i++)
+    c->hooks[i].fn(c->hooks[i].arg, c);
   if (c->prev) c->prev->next = c->next;
   else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -211,8 +223,21 @@ static int conn_send(conn *c, uint8_t *frame, size_t len, bool ends) {
   return 0;
 }
 
-int gs_conn_send_response(gs_conn *c, Gpushare__V1__Response *resp) {
-  if (c->closing) return -1;
+int gs_server_on_close(gs_conn *c, gs_server_close_fn fn, void *arg) {
+  if (!c) return 0;
+  for (size_t i = 0; i < GS_SERVER_CLOSE_HOOKS; i++) {
+    if (c->hooks[i].fn == fn && c->hooks[i].arg == arg) return 0;
+    if (!c->hooks[i].fn) {
+      c->hooks[i].fn = fn;
+      c->hooks[i].arg = arg;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int gs_server_send(gs_conn *c, Gpushare__V1__Response *resp) {
+  if (!c || c->closing) return -1;
   /* Every streamed frame but a watch's non-final events ends its request. */
   bool ends = !(resp->result_case == GPUSHARE__V1__RESPONSE__RESULT_WATCH && resp->watch &&
                 !(resp->watch->has_final && resp->watch->final));
@@ -231,8 +256,8 @@ static int on_frame(void *u, const uint8_t *body, size_t len) {
   size_t flen = 0;
   c->frames++;
   c->inflight++;
-  if (gs_rpc_handle(c->srv->d, c, &c->peer, body, len, &frame, &flen) < 0) return -ENOMEM;
-  if (!frame) return 0; /* a stream: in flight until gs_conn_send_response sends its end */
+  if (c->srv->dispatch(c->srv->d, c, &c->peer, body, len, &frame, &flen) < 0) return -ENOMEM;
+  if (!frame) return 0; /* a stream: in flight until gs_server_send sends its end */
   return conn_send(c, frame, flen, true) < 0 ? -EIO : 0;
 }
 
@@ -532,8 +557,6 @@ static int bind_path(gs_server *s, gs_err *e) {
   return 0;
 }
 
-static void on_signal(uv_signal_t *h, int signum);
-
 /* Close the connections with nothing in flight (no request unanswered, no
  * watch streaming) and nothing read for idle_timeout_s; 0 turns it off. */
 static void on_idle_timer(uv_timer_t *t) {
@@ -556,10 +579,11 @@ static void on_idle_timer(uv_timer_t *t) {
   }
 }
 
-int gs_server_listen(gs_daemon *d, gs_server **out, gs_err *e) {
+int gs_server_listen(gs_daemon *d, gs_server_dispatch dispatch, gs_server **out, gs_err *e) {
   gs_server *s = calloc(1, sizeof *s);
   if (!s) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   s->d = d;
+  s->dispatch = dispatch;
   s->listen_fd = -1;
   snprintf(s->path, sizeof s->path, "%s", d->cfg.socket_path);
   int fd = gs_listen_fd();
@@ -600,13 +624,6 @@ int gs_server_listen(gs_daemon *d, gs_server **out, gs_err *e) {
   uv_unref((uv_handle_t *)&s->idle_timer);
   conn_budget(s);
   accept_resume(s);
-  uv_signal_init(d->loop, &s->sig_term);
-  uv_signal_init(d->loop, &s->sig_int);
-  uv_signal_init(d->loop, &s->sig_hup);
-  s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
-  uv_signal_start(&s->sig_term, on_signal, SIGTERM);
-  uv_signal_start(&s->sig_int, on_signal, SIGINT);
-  uv_signal_start(&s->sig_hup, on_signal, SIGHUP);
   uv_timer_init(d->loop, &s->drain_timer);
   s->drain_timer.data = s;
   *out = s;
@@ -647,107 +664,23 @@ void gs_server_drain(gs_server *s) {
   listener_close(s);
   uv_close((uv_handle_t *)&s->retry_timer, NULL);
   uv_close((uv_handle_t *)&s->idle_timer, NULL);
-  uv_close((uv_handle_t *)&s->sig_term, NULL);
-  uv_close((uv_handle_t *)&s->sig_int, NULL);
-  uv_close((uv_handle_t *)&s->sig_hup, NULL);
   /* Stop reading; what is already queued for writing still goes out. */
   for (conn *c = s->conns; c; c = c->next) conn_finish(c);
-  /* Executors checkpoint their running jobs and exit; the loop ends when
-   * they are gone. */
-  gs_jobs_shutdown(s->d);
   uv_timer_start(&s->drain_timer, on_drain_timeout, 5000, 0);
   uv_unref((uv_handle_t *)&s->drain_timer);
 }
 
-/* SIGHUP: read the configuration again, as a restart would: the file named
- * with --config (which must still exist), else GS_CONFIG_DEFAULT_PATH, whose
- * absence means every default, as at start (so an operator of the unit,
- * which starts the daemon without --config, can create the file and reload).
- * The live keys are applied; the others keep their running values and the
- * log says a restart is needed for them.
- *
- * on_signal has told systemd RELOADING=1, and sd_notify(3) wants READY=1
- * once the reload is over, whatever came of it: without it the unit stays
- * "reloading" and `systemctl reload` waits. So every way out of here sends
- * READY=1, with a STATUS= line saying what happened. */
-static void reload(gs_server *s) {
+/* After a reload: max_frame from each connection's next frame (one being
+ * read was checked against the old value), accepting and reading resumed
+ * where a limit went up. */
+void gs_server_limits_changed(gs_server *s) {
   gs_daemon *d = s->d;
-  const char *path = d->config_named ? d->config_path : GS_CONFIG_DEFAULT_PATH;
-  gs_config neu;
-  gs_err e;
-  gs_err_clear(&e);
-  /* Re-read on top of the defaults, as at start, then keep the values the
-   * command line fixed (socket and state directory). A file that fails
-   * leaves neu untouched, at the defaults. */
-  gs_config_defaults(&neu);
-  bool missing = false;
-  if (gs_config_load(path, &neu, &e) < 0) {
-    if (d->config_named || e.code != GS_NOT_FOUND) {
-      gs_error("SIGHUP: %s: %s; keeping the running configuration", e.field, e.msg);
-      gs_notifyf("READY=1\nSTATUS=reload refused: %s: %s; running configuration kept", e.field,
-                 e.msg);
-      return;
-    }
-    missing = true;
-  }
-  bool had_file = d->config_path[0] != '\0';
-  snprintf(neu.socket_path, sizeof neu.socket_path, "%s", d->cfg.socket_path);
-  snprintf(neu.state_dir, sizeof neu.state_dir, "%s", d->cfg.state_dir);
-  char *restart = gs_config_restart_needed(&d->cfg, &neu);
-  if (restart) gs_warn("SIGHUP: %s changed; that needs a restart, keeping the running value", restart);
-  /* Apply the keys that can change live. */
-  snprintf(d->cfg.admin_group, sizeof d->cfg.admin_group, "%s", neu.admin_group);
-  snprintf(d->cfg.log_level, sizeof d->cfg.log_level, "%s", neu.log_level);
-  d->cfg.max_connections = neu.max_connections;
-  d->cfg.max_inflight = neu.max_inflight;
-  d->cfg.idle_timeout_s = neu.idle_timeout_s;
-  d->cfg.max_upload = neu.max_upload;
-  d->cfg.max_tenant_datasets = neu.max_tenant_datasets;
-  d->cfg.max_job_spec = neu.max_job_spec;
-  d->cfg.max_frame = neu.max_frame;
-  gs_log_set_level(d->cfg.log_level);
-  /* Limits on connections in force now: max_frame from each one's next
-   * frame (one being read was checked against the old value), accepting
-   * and reading resumed where a limit went up. */
   conn_budget(s);
   for (conn *c = s->conns; c; c = c->next) {
     c->dec.max = (uint32_t)d->cfg.max_frame;
     if (!c->closing && !c->reading && c->inflight < d->cfg.max_inflight) conn_feed(c);
   }
   accept_resume(s);
-  gs_daemon_resolve_admin(d);
-  char what[4200];
-  if (!missing) {
-    snprintf(what, sizeof what, "configuration reloaded from %s", path);
-    if (path != d->config_path) snprintf(d->config_path, sizeof d->config_path, "%s", path);
-  } else if (!had_file) {
-    snprintf(what, sizeof what, "no configuration file (%s does not exist); running on "
-             "defaults, nothing changed", path);
-  } else {
-    d->config_path[0] = '\0';
-    snprintf(what, sizeof what, "%s no longer exists; live settings back to their defaults",
-             path);
-  }
-  gs_info("SIGHUP: %s", what);
-  gs_notifyf("READY=1\nSTATUS=%s%s%s", what, restart ? "; restart needed for " : "",
-             restart ? restart : "");
-  free(restart);
-}
-
-static void on_signal(uv_signal_t *h, int signum) {
-  gs_server *s = h->data;
-  if (signum == SIGHUP) {
-    /* MONOTONIC_USEC lets a Type=notify-reload manager (systemd >= 253) tell
-     * this reload from an earlier one; older ones ignore it. */
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    gs_notifyf("RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=reloading the configuration",
-               (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
-    reload(s);
-    return;
-  }
-  gs_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
-  gs_server_drain(s);
 }
 
 void gs_server_free(gs_server *s) {

@@ -1,235 +1,156 @@
 /*
  * fuzz_request: one frame body as gpushared's dispatcher receives it.
  *
- * gs_rpc_handle (control/rpc.c) needs a live daemon: the peer's identity and
- * every handler go to the store, and submit/plan/watch to the job table and
- * the executors. What it runs on the bytes before any of that is fuzzed
- * here, with the real functions:
- *  - gs_wire_unpack_request (proto/wire.c): the checked unpack, whose
- *    refusal must always carry a message with field "frame"; the same bytes
- *    also go through gs_wire_unpack_response (what gpuctl runs on replies);
- *  - the call's own checks that come before the store: gs_store_name_valid
- *    for the names of create_tenant, delete_tenant, set_quota, get_quota,
- *    create_vdev, delete_vdev, upload_dataset, remove_dataset and the vdev of
- *    plan/submit (control/store.c); for plan, gs_plan_job and the plan's text,
- *    JSON and message (runtime/plan.c); for submit, the name length check's
- *    input, gs_model_build (runtime/model.c), the dataset references
- *    through gs_datasets_resolve (control/datasets.c, which refuses anything
- *    that looks like a client path) against a real store opened in a
- *    temporary directory, and gs_plan_admit with the spec's auto_fit against
- *    a 256 MiB vdev, as gs_rpc_submit does;
+ * The bytes go to the real dispatcher, gs_rpc_handle (control/rpc.c), on a
+ * daemon with a store and a state directory in a temporary directory and
+ * no executors (jobs that are accepted stay QUEUED), twice: as an admin
+ * (uid 0) and as a member of tenant alice, who has a vdev and two datasets
+ * (their rows only: a job naming them gets as far as reading the blob).
+ * Every handler the call reaches runs as in the daemon: validation and its
+ * field paths, plan and submit through the planner and the model
+ * (control/admit.c), the dataset references through gs_datasets_resolve
+ * (which refuses anything that looks like a client path), the store.
+ * Checked on each answer: the dispatcher answers (a frame, never a
+ * deferred one: there is no connection to stream on), the answer unpacks
+ * as a gpushare.v1.Response echoing the request id, and a refusal has a
+ * message. Also:
+ *  - gs_wire_unpack_request's refusal always carries a message with field
+ *    "frame"; the same bytes also go through gs_wire_unpack_response (what
+ *    gpuctl runs on replies);
  *  - a pack/unpack round trip of the request: what the daemon unpacked packs
  *    (gs_wire_frame) and unpacks again to the same bytes.
+ * State carries over between inputs (tenants, vdevs, jobs the fuzzer
+ * made); the fixture is put back when an input removed it, alice's
+ * max_queued bounds the jobs kept, and uploads are dropped after each
+ * input as a closing connection drops them.
  */
-#include <errno.h>
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/backend.h"
 #include "control/daemon.h"
 #include "control/datasets.h"
-#include "runtime/model.h"
-#include "runtime/plan.h"
-#include "runtime/spec_pb.h"
-#include "present/present.h"
+#include "control/job.h"
+#include "control/rpc.h"
+#include "control/rpc_datasets.h"
 #include "control/store.h"
-#include "tests/fuzz/fuzz_tmp.h"
 #include "proto/wire.h"
-
-/* gpushared's main.c defines this for server.c's SIGHUP reload, which the
- * linker pulls in with datasets.c; nothing here reloads a configuration. */
-void gs_daemon_resolve_admin(gs_daemon *d) {
-  (void)d;
-  abort();
-}
+#include "tests/fuzz/fuzz_tmp.h"
 
 static gs_daemon daemon_;
+static uv_loop_t loop_;
 static char tmpdir[4096];
 #define TENANT "alice"
 #define SHA "3f5a0e8b1c2d4e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7"
 
+static const gs_peer admin = {.pid = 1, .uid = 0, .gid = 0, .gids = {0}, .n_gids = 1};
+static const gs_peer member = {.pid = 2, .uid = 1000, .gid = 1000, .gids = {1000}, .n_gids = 1};
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+  (void)st;
+  (void)flag;
+  (void)f;
+  return remove(p);
+}
+
 static void cleanup(void) {
+  gs_rpc_free(&daemon_);
+  gs_jobs_free(&daemon_);
   if (daemon_.store) gs_store_close(daemon_.store);
   daemon_.store = NULL;
-  static const char *const files[] = {"gpushared.db", "gpushared.db-wal", "gpushared.db-shm"};
-  fuzz_tmpdir_remove(tmpdir, files, sizeof files / sizeof files[0]);
+  nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void die(const char *what, const gs_err *e) {
+  fprintf(stderr, "fuzz_request: %s: %s\n", what, e->msg);
+  exit(1);
+}
+
+/* Tenant alice (uid 1000, max_queued 8), its vdev and its datasets, made
+ * again when an input deleted them. */
+static void fixture(void) {
+  gs_err e;
+  gs_err_clear(&e);
+  gs_tenant got;
+  if (gs_store_tenant_get(daemon_.store, TENANT, &got, NULL) == 0) {
+    gs_tenant_clear(&got);
+  } else {
+    gs_tenant tn;
+    memset(&tn, 0, sizeof tn);
+    uint32_t uid = member.uid;
+    snprintf(tn.name, sizeof tn.name, TENANT);
+    tn.uids = &uid;
+    tn.n_uids = 1;
+    tn.quota.max_queued = 8;
+    if (gs_store_tenant_create(daemon_.store, &tn, &e) < 0) die("tenant", &e);
+  }
+  gs_vdev v;
+  if (gs_store_vdev_get(daemon_.store, "va", &v, NULL) < 0) {
+    memset(&v, 0, sizeof v);
+    snprintf(v.name, sizeof v.name, "va");
+    snprintf(v.device, sizeof v.device, "cpu");
+    snprintf(v.tenant, sizeof v.tenant, TENANT);
+    v.memory_limit = 256ull << 20;
+    v.compute_share = 10;
+    gs_device_limits lim = {.usable = UINT64_MAX / 2, .oversubscribed = true};
+    gs_err_clear(&e);
+    gs_store_vdev_create(daemon_.store, &v, &lim, &e); /* a fuzzed vdev may hold the name */
+  }
+  static const char *const names[] = {"fashion.images", "fashion.labels"};
+  for (size_t i = 0; i < 2; i++) {
+    gs_dataset_row r = {.bytes = 100, .created = 1};
+    if (gs_store_dataset_get(daemon_.store, TENANT, names[i], &r, NULL) == 0) continue;
+    snprintf(r.tenant, sizeof r.tenant, TENANT);
+    snprintf(r.sha256, sizeof r.sha256, SHA);
+    snprintf(r.name, sizeof r.name, "%s", names[i]);
+    gs_err_clear(&e);
+    gs_store_dataset_add(daemon_.store, &r, &e);
+  }
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   fuzz_tmpdir_make(tmpdir, sizeof tmpdir, "request");
+  gs_config_defaults(&daemon_.cfg);
   snprintf(daemon_.cfg.state_dir, sizeof daemon_.cfg.state_dir, "%s", tmpdir);
+  uv_loop_init(&loop_);
+  daemon_.loop = &loop_;
   gs_err e;
   gs_err_clear(&e);
-  if (gs_store_open(tmpdir, &daemon_.store, &e) < 0) {
-    fprintf(stderr, "fuzz_request: store: %s\n", e.msg);
-    exit(1);
-  }
+  if (gs_store_open(tmpdir, &daemon_.store, &e) < 0) die("store", &e);
   atexit(cleanup);
-  /* A tenant with two datasets, so references can resolve. */
-  gs_tenant tn;
-  memset(&tn, 0, sizeof tn);
-  snprintf(tn.name, sizeof tn.name, TENANT);
-  gs_dataset_row r = {.bytes = 100, .created = 1};
-  snprintf(r.tenant, sizeof r.tenant, TENANT);
-  snprintf(r.sha256, sizeof r.sha256, SHA);
-  if (gs_store_tenant_create(daemon_.store, &tn, &e) < 0) goto fail;
-  snprintf(r.name, sizeof r.name, "fashion.images");
-  if (gs_store_dataset_add(daemon_.store, &r, &e) < 0) goto fail;
-  snprintf(r.name, sizeof r.name, "fashion.labels");
-  if (gs_store_dataset_add(daemon_.store, &r, &e) < 0) goto fail;
+  if (gs_devices_discover(&daemon_.cfg, &daemon_.devices, &e) < 0) die("devices", &e);
+  if (gs_datasets_init(&daemon_, &e) < 0) die("datasets", &e);
+  if (gs_jobs_load(&daemon_, &e) < 0) die("jobs", &e);
+  fixture();
   return 0;
-fail:
-  fprintf(stderr, "fuzz_request: store setup: %s\n", e.msg);
-  exit(1);
 }
 
-/* A refusal must say what and where. */
-static void check_refusal(int rc, const gs_err *e) {
-  if (rc < 0 && (e->code == GS_OK || !e->msg[0])) abort();
-  if (rc == 0 && e->code != GS_OK) abort();
-}
-
-static void name(const char *s, const char *what) {
+/* The dispatcher answers, the answer reads back, a refusal says why. */
+static void handle(const gs_peer *peer, const uint8_t *data, size_t size, bool has_id,
+                   uint64_t id) {
+  uint8_t *frame = NULL;
+  size_t flen = 0;
+  if (gs_rpc_handle(&daemon_, NULL, peer, data, size, &frame, &flen) != 0) abort();
+  if (!frame || flen < 4) abort();
   gs_err e;
   gs_err_clear(&e);
-  int rc = gs_store_name_valid(s, what, &e);
-  check_refusal(rc, &e);
-  if (rc == 0 && (strlen(s) == 0 || strlen(s) > GS_NAME_MAX)) abort();
-}
-
-static void resolve(const char *ref, const char *field) {
-  gs_err e;
-  gs_err_clear(&e);
-  char path[4200];
-  int rc = gs_datasets_resolve(&daemon_, TENANT, ref, field, path, sizeof path, &e);
-  check_refusal(rc, &e);
-  if (rc == 0) {
-    /* Only ever a blob of the store, never a path the client named. */
-    char want[4200];
-    gs_dataset_blob_path(&daemon_, SHA, want, sizeof want);
-    if (strcmp(path, want) != 0) abort();
-  }
-}
-
-static void datasets(const Gpushare__V1__Dataset *ds, const char *field) {
-  if (!ds) return;
-  char f[96];
-  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_IDX) {
-    snprintf(f, sizeof f, "%s.idx.images", field);
-    resolve(ds->idx->images, f);
-    snprintf(f, sizeof f, "%s.idx.labels", field);
-    resolve(ds->idx->labels, f);
-  } else if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_NAME) {
-    /* jobs.c resolve_dataset: NAME.images and NAME.labels */
-    char n[GS_NAME_MAX + 8];
-    snprintf(f, sizeof f, "%s.name", field);
-    snprintf(n, sizeof n, "%s.images", ds->name);
-    resolve(n, f);
-    snprintf(n, sizeof n, "%s.labels", ds->name);
-    resolve(n, f);
-  }
-}
-
-static void plan(const Gpushare__V1__JobSpec *spec, uint64_t limit) {
-  gs_err e;
-  gs_err_clear(&e);
-  gs_plan p;
-  gs_job_spec js;
-  int rc = gs_spec_pb_job(spec, &js, &e);
-  if (rc == 0) rc = gs_plan_job(&js, gs_backend_cpu(), &p, &e);
-  gs_spec_pb_job_free(&js);
-  check_refusal(rc, &e);
-  if (rc) return;
-  char *json = gs_plan_json(&p, limit);
-  Gpushare__V1__Plan *msg = NULL;
-  if (gs_spec_pb_plan(&p, limit, GS_POLICY_GROWTH, &msg) == 0) {
-    msg->summary = gs_present_plan(msg);
-    uint8_t *frame;
-    size_t n;
-    if (gs_wire_frame(&msg->base, &frame, &n) == 0) free(frame);
-    gpushare__v1__plan__free_unpacked(msg, NULL);
-  }
-  free(json);
-  gs_plan_free(&p);
-}
-
-static void submit(const Gpushare__V1__JobSpec *spec) {
-  if (!spec) return;
-  if (spec->vdev && *spec->vdev) name(spec->vdev, "spec.vdev");
-  gs_err e;
-  gs_err_clear(&e);
-  gs_model m;
-  gs_job_spec js;
-  int rc = gs_spec_pb_job(spec, &js, &e);
-  if (rc == 0) rc = gs_model_build(&js, &m, &e);
-  check_refusal(rc, &e);
-  if (rc) {
-    gs_spec_pb_job_free(&js);
-    return;
-  }
-  if (!spec->train || spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) {
-    gs_model_free(&m);
-    gs_spec_pb_job_free(&js);
-    return;
-  }
-  datasets(spec->train, "spec.train");
-  datasets(spec->test, "spec.test");
-  gs_model_free(&m);
-  gs_admission adm;
-  gs_err_clear(&e);
-  bool auto_fit = spec->has_auto_fit && spec->auto_fit;
-  rc = gs_plan_admit(&js, gs_backend_cpu(), 256ull << 20, auto_fit, &adm, &e);
-  gs_spec_pb_job_free(&js);
-  check_refusal(rc, &e);
-  if (rc) return;
-  if (adm.fits && !gs_plan_fits(&adm.plan, 256ull << 20, GS_POLICY_GROWTH)) abort();
-  if (!adm.fits && !adm.why[0]) abort(); /* a refusal says why */
-  gs_admission_free(&adm);
-}
-
-static void validate(const Gpushare__V1__Request *rq) {
-  switch (rq->call_case) {
-    case GPUSHARE__V1__REQUEST__CALL_CREATE_TENANT:
-      name(rq->create_tenant->name, "name");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_DELETE_TENANT:
-      name(rq->delete_tenant->name, "name");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_SET_QUOTA:
-      name(rq->set_quota->tenant, "tenant");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_GET_QUOTA:
-      if (rq->get_quota->tenant && *rq->get_quota->tenant) name(rq->get_quota->tenant, "tenant");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_CREATE_VDEV:
-      name(rq->create_vdev->name, "name");
-      name(rq->create_vdev->tenant, "tenant");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_DELETE_VDEV:
-      name(rq->delete_vdev->name, "name");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET:
-      if (!rq->upload_dataset->has_upload_id || !rq->upload_dataset->upload_id)
-        name(rq->upload_dataset->name, "name");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_REMOVE_DATASET:
-      name(rq->remove_dataset->name, "name");
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_PLAN:
-      if (rq->plan->vdev && *rq->plan->vdev) name(rq->plan->vdev, "vdev");
-      if (rq->plan->spec) plan(rq->plan->spec, 256ull << 20);
-      break;
-    case GPUSHARE__V1__REQUEST__CALL_SUBMIT:
-      submit(rq->submit->spec);
-      break;
-    default:
-      break;
-  }
+  Gpushare__V1__Response *r = gs_wire_unpack_response(frame + 4, flen - 4, &e);
+  free(frame);
+  if (!r) abort(); /* what gpushared answers, gpuctl reads */
+  if (has_id && (!r->has_id || r->id != id)) abort();
+  if (!r->has_code) abort();
+  if (r->code != GPUSHARE__V1__CODE__OK && (!r->message || !r->message[0])) abort();
+  if (r->code == GPUSHARE__V1__CODE__OK && r->result_case == GPUSHARE__V1__RESPONSE__RESULT__NOT_SET)
+    abort(); /* an answer to a call carries its result */
+  gpushare__v1__response__free_unpacked(r, NULL);
+  /* A closing connection drops its uploads; these calls had none. */
+  gs_rpc_datasets_conn_closed(&daemon_, NULL);
 }
 
 static void round_trip(const Gpushare__V1__Request *rq) {
@@ -251,13 +172,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gs_err e;
   gs_err_clear(&e);
   Gpushare__V1__Request *rq = gs_wire_unpack_request(data, size, &e);
+  bool has_id = false;
+  uint64_t id = 0;
   if (!rq) {
     if (e.code != GS_INVALID_ARGUMENT || strcmp(e.field, "frame") != 0 || !e.msg[0]) abort();
   } else {
-    validate(rq);
+    has_id = rq->has_id;
+    id = rq->id;
     round_trip(rq);
     gpushare__v1__request__free_unpacked(rq, NULL);
   }
+  fixture();
+  handle(&member, data, size, has_id, id);
+  handle(&admin, data, size, has_id, id);
   gs_err_clear(&e);
   Gpushare__V1__Response *rs = gs_wire_unpack_response(data, size, &e);
   if (rs) gpushare__v1__response__free_unpacked(rs, NULL);

@@ -157,11 +157,11 @@ idx "$FILES/zerodim" 803 0 8 8
 idx "$FILES/float" 0d03 2 2 2
 t "dataset add: wrong IDX magic" 1 "INVALID_ARGUMENT|upload_dataset.data|magic number is 0x12345678" A dataset add bad1 "$FILES/magic"
 t "dataset add: truncated gzip" 1 "INVALID_ARGUMENT|upload_dataset.data|truncated gzip|300 bytes" A dataset add bad2 "$FILES/cut.gz"
-t "dataset add: a 100 GB claimed dimension" 1 "INVALID_ARGUMENT|upload_dataset.data|100000x1000x1000" A dataset add bad3 "$FILES/huge"
+t "dataset add: a 100 GB claimed dimension" 1 "RESOURCE_EXHAUSTED|upload_dataset.data|100000x1000x1000" A dataset add bad3 "$FILES/huge"
 t "dataset add: body shorter than its header says" 1 "INVALID_ARGUMENT|upload_dataset.data|truncated|promises 4096 bytes|has 100" A dataset add bad4 "$FILES/short"
 t "dataset add: trailing bytes" 1 "INVALID_ARGUMENT|upload_dataset.data|trailing bytes|10 bytes" A dataset add bad5 "$FILES/trail"
 t "dataset add: an empty file" 1 "INVALID_ARGUMENT|upload_dataset.data|has 0 bytes" A dataset add bad6 "$FILES/empty"
-t "dataset add: a dimension of 0" 1 "INVALID_ARGUMENT|upload_dataset.data|dimension 0 = 0" A dataset add bad7 "$FILES/zerodim"
+t "dataset add: a dimension of 0" 1 "INVALID_ARGUMENT|upload_dataset.data|dimension 0 (count) = 0" A dataset add bad7 "$FILES/zerodim"
 t "dataset add: floats, not bytes" 1 "INVALID_ARGUMENT|upload_dataset.data|0x00000d03" A dataset add bad8 "$FILES/float"
 spec subcut "vdev: \"a0\" $M train { idx { images: \"$FILES/cut.gz\" labels: \"good-lab\" } }"
 t "submit naming a truncated gzip" 1 "INVALID_ARGUMENT|upload_dataset.data|truncated gzip" sub subcut

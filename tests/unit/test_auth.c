@@ -40,7 +40,7 @@ Test(auth, two_tenants_through_groups_is_ambiguous) {
   cr_assert_str_eq(id.ambiguous, "a, b");
   gs_peer p = peer(7, NULL, 0);
   gs_err e;
-  cr_assert_eq(gs_auth_check(&p, &id, GS_NEED_TENANT, "submit", &e), -1);
+  cr_assert_lt(gs_auth_check(&p, &id, GS_NEED_TENANT, "submit", &e), 0);
   cr_assert_eq(e.code, GS_PERMISSION_DENIED);
   cr_assert(strstr(e.msg, "several tenants (a, b)"), "%s", e.msg);
 }
@@ -51,10 +51,10 @@ Test(auth, roles) {
   strcpy(tenant.tenant, "t");
   gs_err e;
   cr_assert_eq(gs_auth_check(&p, &none, GS_NEED_ANY, "version", &e), 0);
-  cr_assert_eq(gs_auth_check(&p, &none, GS_NEED_TENANT, "list_vdevs", &e), -1);
+  cr_assert_lt(gs_auth_check(&p, &none, GS_NEED_TENANT, "list_vdevs", &e), 0);
   cr_assert(strstr(e.msg, "uid 65534"), "the refusal names the uid: %s", e.msg);
   cr_assert_eq(gs_auth_check(&p, &tenant, GS_NEED_TENANT, "list_vdevs", &e), 0);
-  cr_assert_eq(gs_auth_check(&p, &tenant, GS_NEED_ADMIN, "create_vdev", &e), -1);
+  cr_assert_lt(gs_auth_check(&p, &tenant, GS_NEED_ADMIN, "create_vdev", &e), 0);
   cr_assert_eq(e.code, GS_PERMISSION_DENIED);
   cr_assert(strstr(e.msg, "create_vdev needs an admin"), "%s", e.msg);
   cr_assert_eq(gs_auth_check(&p, &admin, GS_NEED_ADMIN, "create_vdev", &e), 0);

@@ -53,7 +53,7 @@ static void expect_refusal(const char *text, unsigned line, const char *key,
   before = c;
   gs_err e;
   gs_err_clear(&e);
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), -1, "accepted:\n%s", text);
+  cr_assert_lt(gs_config_load(cfgpath, &c, &e), 0, "accepted:\n%s", text);
   cr_assert_eq(memcmp(&c, &before, sizeof c), 0, "config changed by a refused file");
   cr_assert_eq(e.code, GS_INVALID_ARGUMENT);
   char want[256];
@@ -276,7 +276,7 @@ Test(config, unchanged_after_late_error) {
   before = c;
   gs_err e;
   gs_err_clear(&e);
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), -1);
+  cr_assert_lt(gs_config_load(cfgpath, &c, &e), 0);
   cr_assert_eq(memcmp(&c, &before, sizeof c), 0);
   cr_assert_str_eq(c.log_level, "info");
   cr_assert_eq(c.max_inflight, 64);
@@ -288,7 +288,7 @@ Test(config, missing_file) {
   before = c;
   gs_err e;
   gs_err_clear(&e);
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), -1);
+  cr_assert_lt(gs_config_load(cfgpath, &c, &e), 0);
   cr_assert_eq(errno, ENOENT);
   cr_assert_eq(e.code, GS_NOT_FOUND, "a missing file must be told apart from a bad one");
   cr_assert_str_eq(e.field, cfgpath);
@@ -316,7 +316,7 @@ Test(config, long_path_keeps_line_and_key) {
   int rc = gs_config_load(path, &c, &e);
   unlink(path);
   rmdir(dir);
-  cr_assert_eq(rc, -1);
+  cr_assert_lt(rc, 0);
   size_t fl = strlen(e.field);
   cr_assert_lt(fl, sizeof e.field);
   cr_assert_str_eq(e.field + fl - strlen("d/c.conf:1 bogus"), "d/c.conf:1 bogus");

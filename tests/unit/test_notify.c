@@ -211,7 +211,7 @@ Test(notify, listen_fd_refuses_datagram_socket) { run_activation(FD3_DGRAM, 1); 
 Test(notify, listen_fd_refuses_pipe) { run_activation(FD3_PIPE, 1); }
 
 Test(notify, listen_fd_without_variables) {
-  cr_assert_eq(gs_listen_fd(), -1);
+  cr_assert_lt(gs_listen_fd(), 0);
   char pid[32];
   snprintf(pid, sizeof pid, "%ld", (long)getpid());
   setenv("LISTEN_PID", pid, 1);

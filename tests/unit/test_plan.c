@@ -602,7 +602,8 @@ Test(plan, timeline_per_step_and_at_peak) {
   cr_expect_eq(sum, p.peak_bytes);
   cr_expect_eq(tl->at_peak[0]->master_bytes, p.rows[1].bytes[GS_ROLE_MASTER]);
   char *txt = gs_present_timeline(tl);
-  cr_expect(strstr(txt, "step        3 |") && strstr(txt, "dense_1") && strstr(txt, "+0.00%"),
+  cr_expect(strstr(txt, "  step 3 ") && strstr(txt, "dense_1") &&
+                strstr(txt, "(measured is 100.0% of planned)"),
             "%s", txt);
   free(txt);
   gpushare__v1__memory_timeline__free_unpacked(tl, NULL);

@@ -65,7 +65,7 @@ Test(store, newer_schema_is_refused) {
   cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
   cr_assert_eq(sqlite3_exec(db, "PRAGMA user_version = 99", 0, 0, 0), SQLITE_OK);
   sqlite3_close(db);
-  cr_assert_eq(gs_store_open(dir, &s, &e), -1);
+  cr_assert_lt(gs_store_open(dir, &s, &e), 0);
   cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
   cr_assert(strstr(e.msg, "schema version 99"), "%s", e.msg);
 }
@@ -89,16 +89,16 @@ Test(store, state_survives_reopen) {
 
 Test(store, names_are_checked) {
   cr_assert_eq(gs_store_name_valid("ok-name_1.x", "name", &e), 0);
-  cr_assert_eq(gs_store_name_valid("", "name", &e), -1);
-  cr_assert_eq(gs_store_name_valid("-lead", "name", &e), -1);
-  cr_assert_eq(gs_store_name_valid("a/b", "name", &e), -1);
+  cr_assert_lt(gs_store_name_valid("", "name", &e), 0);
+  cr_assert_lt(gs_store_name_valid("-lead", "name", &e), 0);
+  cr_assert_lt(gs_store_name_valid("a/b", "name", &e), 0);
   cr_assert(strstr(e.msg, "'/'"), "%s", e.msg);
-  cr_assert_eq(gs_store_name_valid("a\nb", "name", &e), -1);
+  cr_assert_lt(gs_store_name_valid("a\nb", "name", &e), 0);
   cr_assert(strstr(e.msg, "\\x0a"), "control characters are shown escaped: %s", e.msg);
   char longname[100];
   memset(longname, 'x', 99);
   longname[99] = 0;
-  cr_assert_eq(gs_store_name_valid(longname, "name", &e), -1);
+  cr_assert_lt(gs_store_name_valid(longname, "name", &e), 0);
   cr_assert(strstr(e.msg, "99 characters"), "%s", e.msg);
 }
 
@@ -106,10 +106,10 @@ Test(store, duplicates_refused) {
   mk_tenant("t", 0, 0, 1);
   gs_tenant t = {0};
   snprintf(t.name, sizeof t.name, "t");
-  cr_assert_eq(gs_store_tenant_create(s, &t, &e), -1);
+  cr_assert_lt(gs_store_tenant_create(s, &t, &e), 0);
   cr_assert_eq(e.code, GS_ALREADY_EXISTS);
   cr_assert_eq(mk_vdev("v", "t", 100, 10, 1000), 0);
-  cr_assert_eq(mk_vdev("v", "t", 100, 10, 1000), -1);
+  cr_assert_lt(mk_vdev("v", "t", 100, 10, 1000), 0);
   cr_assert_eq(e.code, GS_ALREADY_EXISTS);
 }
 
@@ -120,19 +120,19 @@ Test(store, uid_in_one_tenant_only) {
   snprintf(t.name, sizeof t.name, "b");
   t.uids = &uid;
   t.n_uids = 1;
-  cr_assert_eq(gs_store_tenant_create(s, &t, &e), -1);
+  cr_assert_lt(gs_store_tenant_create(s, &t, &e), 0);
   cr_assert_eq(e.code, GS_ALREADY_EXISTS);
   cr_assert(strstr(e.msg, "tenant a"), "%s", e.msg);
   /* Nothing of b was kept. */
   gs_tenant got;
-  cr_assert_eq(gs_store_tenant_get(s, "b", &got, &e), -1);
+  cr_assert_lt(gs_store_tenant_get(s, "b", &got, &e), 0);
   cr_assert_eq(e.code, GS_NOT_FOUND);
 }
 
 Test(store, device_memory_accounting) {
   mk_tenant("t", 0, 0, 1);
   cr_assert_eq(mk_vdev("v1", "t", 600, 10, 1000), 0);
-  cr_assert_eq(mk_vdev("v2", "t", 500, 10, 1000), -1);
+  cr_assert_lt(mk_vdev("v2", "t", 500, 10, 1000), 0);
   cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
   cr_assert(strstr(e.msg, "400 bytes are left"), "%s", e.msg);
   cr_assert_eq(mk_vdev("v2", "t", 400, 10, 1000), 0, "exactly what is left fits");
@@ -147,26 +147,26 @@ Test(store, device_memory_accounting) {
 Test(store, compute_over_100_refused) {
   mk_tenant("t", 0, 0, 1);
   cr_assert_eq(mk_vdev("v1", "t", 1, 75, 1000), 0);
-  cr_assert_eq(mk_vdev("v2", "t", 1, 26, 1000), -1);
+  cr_assert_lt(mk_vdev("v2", "t", 1, 26, 1000), 0);
   cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
   cr_assert_str_eq(e.field, "compute_share");
   cr_assert_eq(mk_vdev("v2", "t", 1, 25, 1000), 0);
-  cr_assert_eq(mk_vdev("v3", "t", 1, 0, 1000), -1);
+  cr_assert_lt(mk_vdev("v3", "t", 1, 0, 1000), 0);
   cr_assert_eq(e.code, GS_INVALID_ARGUMENT);
 }
 
 Test(store, tenant_quota_accounting) {
   mk_tenant("t", 1000, 60, 1);
   cr_assert_eq(mk_vdev("v1", "t", 800, 30, 1 << 20), 0);
-  cr_assert_eq(mk_vdev("v2", "t", 300, 10, 1 << 20), -1);
+  cr_assert_lt(mk_vdev("v2", "t", 300, 10, 1 << 20), 0);
   cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
   cr_assert(strstr(e.msg, "memory quota"), "%s", e.msg);
-  cr_assert_eq(mk_vdev("v2", "t", 200, 31, 1 << 20), -1);
+  cr_assert_lt(mk_vdev("v2", "t", 200, 31, 1 << 20), 0);
   cr_assert(strstr(e.msg, "compute quota"), "%s", e.msg);
   cr_assert_eq(mk_vdev("v2", "t", 200, 30, 1 << 20), 0);
   /* Lowering the quota below what is held is refused and changes nothing. */
   gs_quota_update u = {.set_memory = true, .q.memory = 500};
-  cr_assert_eq(gs_store_quota_set(s, "t", &u, &e), -1);
+  cr_assert_lt(gs_store_quota_set(s, "t", &u, &e), 0);
   cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
   gs_tenant t;
   cr_assert_eq(gs_store_tenant_get(s, "t", &t, &e), 0);
@@ -183,16 +183,16 @@ Test(store, tenant_quota_accounting) {
 Test(store, tenant_with_vdevs_not_deleted) {
   mk_tenant("t", 0, 0, 1);
   cr_assert_eq(mk_vdev("v", "t", 1, 1, 10), 0);
-  cr_assert_eq(gs_store_tenant_delete(s, "t", &e), -1);
+  cr_assert_lt(gs_store_tenant_delete(s, "t", &e), 0);
   cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
   cr_assert_eq(gs_store_vdev_delete(s, "v", &e), 0);
   cr_assert_eq(gs_store_tenant_delete(s, "t", &e), 0, "%s", e.msg);
-  cr_assert_eq(gs_store_tenant_delete(s, "t", &e), -1);
+  cr_assert_lt(gs_store_tenant_delete(s, "t", &e), 0);
   cr_assert_eq(e.code, GS_NOT_FOUND);
 }
 
 Test(store, vdev_needs_existing_tenant) {
-  cr_assert_eq(mk_vdev("v", "nobody", 1, 1, 10), -1);
+  cr_assert_lt(mk_vdev("v", "nobody", 1, 1, 10), 0);
   cr_assert_eq(e.code, GS_NOT_FOUND);
 }
 
@@ -261,20 +261,20 @@ Test(store, datasets_per_tenant_and_dedup) {
   cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "%s", e.msg);
   cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "the same content again is fine");
   strcpy(d.sha256, "2222");
-  cr_assert_eq(gs_store_dataset_add(s, &d, &e), -1);
+  cr_assert_lt(gs_store_dataset_add(s, &d, &e), 0);
   cr_assert_eq(e.code, GS_ALREADY_EXISTS);
   strcpy(d.tenant, "b");
   strcpy(d.sha256, "1111");
   cr_assert_eq(gs_store_dataset_add(s, &d, &e), 0, "b names the same blob");
   gs_dataset_row got;
   cr_assert_eq(gs_store_dataset_by_sha(s, "a", "1111", &got, &e), 0);
-  cr_assert_eq(gs_store_dataset_by_sha(s, "a", "2222", &got, &e), -1);
+  cr_assert_lt(gs_store_dataset_by_sha(s, "a", "2222", &got, &e), 0);
   cr_assert_eq(e.code, GS_NOT_FOUND);
   uint64_t refs;
   cr_assert_eq(gs_store_dataset_remove(s, "a", "train", &got, &refs, &e), 0);
   cr_assert_eq(refs, 1, "b still names the blob");
-  cr_assert_eq(gs_store_dataset_get(s, "a", "train", &got, &e), -1);
-  cr_assert_eq(gs_store_tenant_delete(s, "b", &e), -1, "a tenant with datasets stays");
+  cr_assert_lt(gs_store_dataset_get(s, "a", "train", &got, &e), 0);
+  cr_assert_lt(gs_store_tenant_delete(s, "b", &e), 0, "a tenant with datasets stays");
   cr_assert(strstr(e.msg, "dataset"), "%s", e.msg);
 }
 
@@ -302,7 +302,7 @@ Test(store, jobs_in_one_transaction) {
   cr_assert_eq(rows[0].record_len, 3);
   cr_assert_eq(memcmp(rows[0].record, "rec", 3), 0);
   gs_job_rows_free(rows, n);
-  cr_assert_eq(gs_store_vdev_delete(s, "v", &e), -1, "a vdev with a queued job stays");
+  cr_assert_lt(gs_store_vdev_delete(s, "v", &e), 0, "a vdev with a queued job stays");
   cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
   cr_assert_eq(gs_store_job_update(s, id, 2, 0, (const uint8_t *)"done", 4, &e), 0);
   cr_assert_eq(gs_store_job_event_add(s, id, (const uint8_t *)"e1", 2, &e), 0);

@@ -1,8 +1,9 @@
-/* rpc_arena.c: the per-request arena of rpc_internal.h. */
+/* call.c: the per-request arena of call.h: chunks of 16 KiB (or one
+ * larger allocation) chained and freed together. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "control/rpc_internal.h"
+#include "control/call.h"
 
 struct ar_chunk {
   struct ar_chunk *next;

@@ -1,0 +1,233 @@
+/*
+ * admit.c: everything the control plane asks of the training runtime, in
+ * one file: the plan of a job (plan), the model and dataset checks and the
+ * admission against a vdev (submit), and the check of an uploaded IDX file
+ * (upload_dataset). The handlers (rpc_jobs.c, rpc_datasets.c) call these
+ * and see no runtime type: what comes back is a gpushare.v1.Plan built in
+ * the request's arena, or the plain figures of gs_admit.
+ *
+ * Plans are made with the device's backend as the executor would see it
+ * (the CPU's sizes: the control plane never touches a device), and a vdev's
+ * fit is judged with its allocator policy.
+ */
+#include "control/admit.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/datasets.h"
+#include "kernels/backend.h"
+#include "present/present.h"
+#include "runtime/idx.h"
+#include "runtime/model.h"
+#include "runtime/plan.h"
+#include "runtime/spec_pb.h"
+
+/* ------------------------------------------------------------- submit --- */
+
+static const gs_backend *device_backend(void) { return gs_backend_cpu(); }
+
+/* What an IDX blob of the store declares (runtime/idx.c, as the loader will
+ * read it): its header and, for labels, the number of classes (the largest
+ * label + 1, at least 2), read through to the end, so a blob that is not
+ * what its header says is refused here, at submit. `what` names it in
+ * messages ("the train labels"), `field` in the error's path. */
+static int idx_probe(const char *path, gs_idx_kind kind, const char *what, const char *field,
+                     gs_idx_header *h, uint32_t *classes, gs_err *e) {
+  gs_idx *x;
+  int rc = gs_idx_open_file(path, what, field, &x, e);
+  if (rc) return rc;
+  rc = gs_idx_read_header(x, kind, h, e);
+  if (!rc && kind == GS_IDX_LABELS) {
+    uint8_t top = 0;
+    rc = gs_idx_read_body(x, h, NULL, &top, e);
+    *classes = top + 1u < 2 ? 2 : top + 1u;
+  }
+  gs_idx_close(x);
+  return rc;
+}
+
+/* Validate the datasets of a spec against its model (input shape, classes). */
+static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
+                          const gs_model *m, gs_err *e) {
+  if (!spec->train || spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.train",
+                      "the job has no training dataset: set train { idx { images labels } }, "
+                      "train { name } or train { synthetic { examples } }");
+  const Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
+  const char *names[2] = {"spec.train", "spec.test"};
+  uint64_t train_examples = 0;
+  for (int k = 0; k < 2; k++) {
+    const Gpushare__V1__Dataset *ds = sets[k];
+    if (!ds || ds->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) continue;
+    if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC) {
+      const Gpushare__V1__SyntheticDataset *sy = ds->synthetic;
+      char f[64];
+      snprintf(f, sizeof f, "%s.synthetic.examples", names[k]);
+      if (sy->examples < 1)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                          "%s.synthetic.examples is 0; a synthetic set needs at least 1 example",
+                          names[k] + 5);
+      snprintf(f, sizeof f, "%s.synthetic.classes", names[k]);
+      if (sy->classes < 2 || sy->classes > 65536)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                          "%s.synthetic.classes %" PRIu32 " is out of range: from 2 to 65536",
+                          names[k] + 5, sy->classes);
+      uint32_t classes = sy->classes;
+      if (k == 1 && classes < m->classes) classes = m->classes; /* as for IDX below */
+      if (gs_model_check_dataset(m, names[k] + 5, m->input.h, m->input.w, m->input.c, classes,
+                                 e) < 0) {
+        gs_err_prefix(e, "spec");
+        return -1;
+      }
+      if (k == 0) train_examples = sy->examples;
+      continue;
+    }
+    char ip[PATH_MAX], lp[PATH_MAX];
+    if (gs_datasets_resolve_set(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return -1;
+    gs_idx_header hi, hl;
+    uint32_t classes = 0;
+    char f[64], what[32];
+    snprintf(f, sizeof f, "%s.idx.images", names[k]);
+    snprintf(what, sizeof what, "the %s images", names[k] + 5);
+    if (idx_probe(ip, GS_IDX_IMAGES, what, f, &hi, NULL, e) < 0) return -1;
+    snprintf(f, sizeof f, "%s.idx.labels", names[k]);
+    snprintf(what, sizeof what, "the %s labels", names[k] + 5);
+    if (idx_probe(lp, GS_IDX_LABELS, what, f, &hl, &classes, e) < 0) return -1;
+    uint64_t ni = hi.dims[0], nl = hl.dims[0];
+    uint32_t h = hi.dims[1], w = hi.dims[2], c = hi.ndims == 4 ? hi.dims[3] : 1;
+    if (ni != nl)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, names[k],
+                        "%s has %" PRIu64 " images but %" PRIu64 " labels", names[k] + 5, ni, nl);
+    if (k == 1 && classes < m->classes) classes = m->classes; /* a test set may lack a class */
+    if (gs_model_check_dataset(m, names[k] + 5, h, w, c, classes, e) < 0) {
+      gs_err_prefix(e, "spec");
+      return -1;
+    }
+    if (k == 0) train_examples = ni;
+  }
+  /* One step is one whole effective batch; the last partial one is dropped. */
+  uint64_t eff = (uint64_t)m->recipe.batch_size * m->recipe.accumulation_steps;
+  if (train_examples < eff)
+    return gs_err_set(e, GS_INVALID_ARGUMENT,
+                      m->recipe.accumulation_steps > 1 ? "spec.accumulation_steps" : "spec.batch_size",
+                      "the effective batch (batch_size %" PRIu32 " x accumulation_steps %" PRIu32
+                      " = %" PRIu64 ") is larger than the %" PRIu64 " training examples: a "
+                      "step needs one whole effective batch",
+                      m->recipe.batch_size, m->recipe.accumulation_steps, eff, train_examples);
+  return 0;
+}
+
+/* The vdev's allocator policy, as the planner takes it: what fits a vdev
+ * depends on it (a growth vdev's regions can leave no room for a large
+ * buffer that a preallocated vdev of the same limit holds). */
+static gs_alloc_policy vdev_policy(const gs_vdev *v) {
+  return v->policy == GS_POLICY_GROWTH ? GS_POLICY_GROWTH : GS_POLICY_PREALLOCATE;
+}
+
+/* protobuf-c allocations from the request's arena, freed with it. */
+static void *ar_pb_alloc(void *a, size_t n) { return ar_alloc(a, n); }
+static void ar_pb_free(void *a, void *p) { (void)a, (void)p; }
+
+/* The plan as a message in the request's arena (runtime/spec_pb.c's, with
+ * present/'s table as its summary); fits is judged for a vdev of `limit`
+ * bytes and `policy` (always true without a limit). */
+static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
+                                    gs_alloc_policy policy) {
+  Gpushare__V1__Plan *m = NULL, *out = NULL;
+  if (gs_spec_pb_plan(p, limit, policy, &m) < 0) return NULL;
+  m->summary = gs_present_plan(m);
+  size_t n = gpushare__v1__plan__get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (buf) {
+    gpushare__v1__plan__pack(m, buf);
+    ProtobufCAllocator al = {.alloc = ar_pb_alloc, .free = ar_pb_free, .allocator_data = a};
+    out = gpushare__v1__plan__unpack(&al, n, buf);
+  }
+  free(buf);
+  gpushare__v1__plan__free_unpacked(m, NULL);
+  return out;
+}
+
+/* ------------------------------------------------------------- entries --- */
+
+int gs_admit_plan(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
+                  Gpushare__V1__Plan **out, gs_err *e) {
+  uint64_t limit = 0;
+  gs_alloc_policy policy = GS_POLICY_GROWTH; /* no vdev, no limit: it fits */
+  if (vdev) {
+    limit = vdev->memory_limit;
+    policy = vdev_policy(vdev);
+  }
+  gs_job_spec js;
+  gs_plan p;
+  int rc = gs_spec_pb_job(spec, &js, e);
+  if (!rc) rc = gs_plan_job(&js, device_backend(), &p, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
+    gs_err_prefix(e, "spec");
+    return rc;
+  }
+  *out = plan_msg(a, &p, limit, policy);
+  gs_plan_free(&p);
+  if (!*out) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  return 0;
+}
+
+int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
+                   gs_err *e) {
+  gs_job_spec js;
+  gs_model model;
+  int rc = gs_spec_pb_job(spec, &js, e);
+  if (!rc) rc = gs_model_build(&js, &model, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
+    gs_err_prefix(e, "spec");
+    return rc;
+  }
+  rc = check_datasets(d, tenant, spec, &model, e);
+  gs_model_free(&model);
+  return rc;
+}
+
+int gs_admit_job(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
+                 gs_err *e) {
+  memset(out, 0, sizeof *out);
+  gs_admission adm;
+  bool auto_fit = spec->has_auto_fit && spec->auto_fit;
+  gs_job_spec js;
+  int rc = gs_spec_pb_job(spec, &js, e);
+  if (!rc)
+    rc = gs_plan_admit_policy(&js, device_backend(), v->memory_limit, vdev_policy(v), auto_fit,
+                              &adm, e);
+  gs_spec_pb_job_free(&js);
+  if (rc < 0) {
+    gs_err_prefix(e, "spec");
+    return rc;
+  }
+  out->fits = adm.fits;
+  out->chosen = adm.chosen;
+  out->micro_batch = adm.micro_batch;
+  out->accumulation_steps = adm.accumulation_steps;
+  out->peak_bytes = adm.plan.peak_bytes;
+  out->plan = plan_msg(a, &adm.plan, v->memory_limit, vdev_policy(v));
+  if (!adm.fits) snprintf(out->why, sizeof out->why, "%s", adm.why);
+  gs_admission_free(&adm);
+  return 0;
+}
+
+int gs_admit_idx_check(const char *path, const char *name, gs_err *e) {
+  char what[GS_NAME_MAX + 16];
+  snprintf(what, sizeof what, "dataset %s", name);
+  gs_idx *x;
+  int rc = gs_idx_open_file(path, what, "data", &x, e);
+  if (rc) return rc;
+  gs_idx_header h;
+  rc = gs_idx_read_header(x, GS_IDX_ANY, &h, e);
+  if (!rc) rc = gs_idx_read_body(x, &h, NULL, NULL, e);
+  gs_idx_close(x);
+  return rc;
+}

@@ -1,0 +1,45 @@
+/*
+ * admit.h: the control plane's calls into the training runtime (planner,
+ * model, IDX reader), all in admit.c: the rest of control/ includes nothing
+ * from runtime/ and sees only protobuf messages and plain figures.
+ */
+#ifndef GS_ADMIT_H
+#define GS_ADMIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "control/call.h"
+#include "control/daemon.h"
+#include "control/store.h"
+#include "proto/gpushare.pb-c.h"
+
+/* What admission decided for a job in a vdev. */
+typedef struct gs_admit {
+  bool fits;                   /* as submitted, or after auto-fit */
+  bool chosen;                 /* auto-fit changed micro-batch/accumulation */
+  uint32_t micro_batch;
+  uint32_t accumulation_steps;
+  uint64_t peak_bytes;         /* planned peak of what will run */
+  Gpushare__V1__Plan *plan;    /* from the arena (NULL: out of memory) */
+  char why[2048];              /* the refusal, when !fits */
+} gs_admit;
+
+/* The plan of spec as a message from the arena; fits judged for vdev's
+ * limit and policy (vdev NULL: no limit). Errors name spec.* fields. */
+int gs_admit_plan(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
+                  Gpushare__V1__Plan **out, gs_err *e);
+/* Submit's checks: the model builds, the datasets exist (the tenant's),
+ * match the model's input and classes, and hold one effective batch. */
+int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
+                   gs_err *e);
+/* Admission of spec in vdev v (auto_fit as the spec asks). 0 with out
+ * filled (out->fits false: refused, out->why says why), or -1 with e. */
+int gs_admit_job(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
+                 gs_err *e);
+/* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
+ * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
+int gs_admit_idx_check(const char *path, const char *name, gs_err *e);
+
+#endif

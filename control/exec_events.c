@@ -1,0 +1,517 @@
+/*
+ * exec_events.c: the executors' side of the job layer (see exec_events.h).
+ *
+ * The supervisor calls on_ready, on_message and on_died; each changes jobs
+ * through job.c's state machine and runs the queues again where a slot may
+ * have opened. Running the queues gathers the scheduler's inputs (jobs,
+ * vdevs from the store, whether each vdev's executor is up, the tenants'
+ * max_running), asks sched.c, and sends a StartJob for each job it starts.
+ */
+#include "control/exec_events.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "control/datasets.h"
+#include "control/log.h"
+#include "control/sched.h"
+#include "control/store.h"
+#include "control/supervisor.h"
+
+/* An epoch end is stored and logged at most once a second (the ones between
+ * are stored with the next write): a job of tiny epochs ends hundreds a
+ * second, and storing each, with its fsync and a record that grows with
+ * every epoch, stalled the loop for half a minute (test_limits saw it). */
+#define GS_EPOCH_SAVE_MS 1000
+
+typedef struct vdev_live {
+  char name[GS_NAME_MAX + 1];
+  gs_vdev_live v;
+} vdev_live;
+
+struct gs_execs {
+  gs_executor *exec[GS_DEVICES_MAX];
+  bool exec_gone[GS_DEVICES_MAX];
+  vdev_live *live;         /* per vdev, from executor Stats */
+  size_t n_live;
+  bool shutting_down;
+};
+
+static gs_executor *exec_of(const gs_daemon *d, size_t dev) {
+  return d->execs && dev < GS_DEVICES_MAX ? d->execs->exec[dev] : NULL;
+}
+
+/* ------------------------------------------------------------ placement --- */
+
+static size_t device_of_vdev(gs_daemon *d, const char *device) {
+  for (size_t i = 0; i < d->devices.n; i++)
+    if (strcmp(d->devices.dev[i].name, device) == 0) return i;
+  return SIZE_MAX;
+}
+
+static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
+  gs_err e;
+  gs_err_clear(&e);
+  const Gpushare__V1__Job *r = j->rec;
+  char ti[4200], tl[4200], vi[4200], vl[4200], ck[4200], ex[4200], dir[4200];
+  if (gs_datasets_resolve_set(d, r->tenant, r->spec->train, "spec.train", ti, tl, sizeof ti, &e) < 0 ||
+      gs_datasets_resolve_set(d, r->tenant, r->spec->test, "spec.test", vi, vl, sizeof vi, &e) < 0) {
+    gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__FAILED, e.msg);
+    return;
+  }
+  gs_job_dir(d, r->id, dir, sizeof dir);
+  mkdir(dir, 0750);
+  gs_job_file(d, r->id, "checkpoint.ckpt", ck, sizeof ck);
+  gs_job_file(d, r->id, "model.safetensors", ex, sizeof ex);
+  /* The spec runs with the micro-batch and accumulation admission chose. */
+  Gpushare__V1__JobSpec spec = *r->spec;
+  spec.has_batch_size = spec.has_accumulation_steps = 1;
+  spec.batch_size = r->micro_batch;
+  spec.accumulation_steps = r->accumulation_steps;
+  Gpushare__Exec__V1__StartJob s = GPUSHARE__EXEC__V1__START_JOB__INIT;
+  s.has_job_id = s.has_resume = s.has_threads = 1;
+  s.job_id = r->id;
+  s.vdev = r->vdev;
+  s.spec = &spec;
+  s.train_images = ti;
+  s.train_labels = tl;
+  s.test_images = vi;
+  s.test_labels = vl;
+  s.checkpoint_path = ck;
+  s.resume = resume;
+  s.export_path = ex;
+  s.threads = d->devices.dev[dev].threads;
+  Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_START;
+  m.start = &s;
+  if (gs_executor_send(d->execs->exec[dev], &m) < 0) {
+    j->resume_pending = true; /* sent again once the executor is back */
+    return;
+  }
+  j->placed = (int)dev;
+  j->resume_pending = false;
+}
+
+static bool vdev_ready(gs_daemon *d, const gs_vdev *v, size_t *dev) {
+  *dev = device_of_vdev(d, v->device);
+  gs_executor *x = *dev == SIZE_MAX ? NULL : exec_of(d, *dev);
+  return x && gs_executor_ready(x);
+}
+
+/* One pass: resume the RUNNING jobs that wait for their (ready) executor,
+ * then start what the scheduler starts. Returns how many jobs failed on
+ * the way (a dataset gone): the scheduler then runs again without them,
+ * as a job that fails frees its tenant's running slot. */
+static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
+  gs_jobs *J = d->jobs;
+  int failed = 0;
+  for (size_t v = 0; v < nv; v++) {
+    size_t dev;
+    if (!vdev_ready(d, &vdevs[v], &dev)) continue;
+    for (uint64_t i = 0; i < J->cap; i++) {
+      gs_job *j = J->by_id[i];
+      if (j && j->resume_pending && j->rec->state == GPUSHARE__V1__JOB_STATE__RUNNING &&
+          !strcmp(j->rec->vdev, vdevs[v].name))
+        exec_send_start(d, j, dev, true);
+    }
+  }
+  gs_err e;
+  gs_err_clear(&e);
+  gs_sched_job *jobs = calloc(J->cap + 1, sizeof *jobs);
+  gs_sched_vdev *sv = calloc(nv + 1, sizeof *sv);
+  gs_sched_decision *out = calloc(J->cap + 1, sizeof *out);
+  gs_tenant *tenants = NULL;
+  size_t nt = 0, nj = 0, n_out = 0;
+  gs_sched_quota *quotas = NULL;
+  if (!jobs || !sv || !out) goto done;
+  if (gs_store_tenant_list(d->store, &tenants, &nt, &e) < 0) {
+    gs_error("scheduler: %s", e.msg);
+    goto done;
+  }
+  quotas = calloc(nt + 1, sizeof *quotas);
+  if (!quotas) goto done;
+  for (size_t i = 0; i < nt; i++)
+    quotas[i] = (gs_sched_quota){tenants[i].name, tenants[i].quota.max_running};
+  for (size_t v = 0; v < nv; v++) {
+    size_t dev;
+    sv[v] = (gs_sched_vdev){vdevs[v].name, vdevs[v].memory_limit, vdev_ready(d, &vdevs[v], &dev)};
+  }
+  for (uint64_t i = 0; i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (!j || (j->rec->state != GPUSHARE__V1__JOB_STATE__QUEUED &&
+               j->rec->state != GPUSHARE__V1__JOB_STATE__RUNNING))
+      continue;
+    jobs[nj++] = (gs_sched_job){
+        .id = j->rec->id,
+        .tenant = j->rec->tenant,
+        .vdev = j->rec->vdev ? j->rec->vdev : "",
+        .state = j->rec->state == GPUSHARE__V1__JOB_STATE__RUNNING ? GS_SCHED_RUNNING
+                                                                   : GS_SCHED_QUEUED,
+        .priority = j->rec->priority,
+        .submitted = j->rec->submitted_unix,
+        .planned_peak = j->rec->planned_peak_bytes};
+  }
+  gs_sched_input in = {jobs, nj, sv, nv, quotas, nt};
+  if (gs_sched_run(&in, out, &n_out, &e) < 0) {
+    gs_error("scheduler: %s", e.msg);
+    goto done;
+  }
+  for (size_t k = 0; k < n_out; k++) {
+    gs_job *j = gs_job_get(d, out[k].job);
+    if (!j) continue;
+    if (out[k].why != GS_SCHED_START) {
+      gs_debug("job %" PRIu64 " %s", out[k].job, gs_sched_reason_text(out[k].why));
+      continue;
+    }
+    const gs_vdev *v = NULL;
+    for (size_t x = 0; x < nv && !v; x++)
+      if (!strcmp(vdevs[x].name, out[k].vdev)) v = &vdevs[x];
+    size_t dev = device_of_vdev(d, v->device);
+    gs_job_set_str(&j->rec->device, v->device);
+    gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__RUNNING, NULL);
+    exec_send_start(d, j, dev, false);
+    if (gs_job_final(j->rec->state)) failed++;
+  }
+done:
+  free(quotas);
+  gs_tenant_list_free(tenants, nt);
+  free(out);
+  free(sv);
+  free(jobs);
+  return failed;
+}
+
+void gs_exec_events_schedule(gs_daemon *d) {
+  if (!d->jobs || (d->execs && d->execs->shutting_down)) return;
+  gs_err e;
+  gs_err_clear(&e);
+  gs_vdev *vdevs;
+  size_t nv;
+  if (gs_store_vdev_list(d->store, &vdevs, &nv, &e) < 0) {
+    gs_error("scheduler: %s", e.msg);
+    return;
+  }
+  while (schedule_pass(d, vdevs, nv) > 0) {
+  }
+  free(vdevs);
+}
+
+static void send_vdevs(gs_daemon *d, size_t dev) {
+  gs_err e;
+  gs_err_clear(&e);
+  gs_vdev *vdevs;
+  size_t nv;
+  if (gs_store_vdev_list(d->store, &vdevs, &nv, &e) < 0) return;
+  Gpushare__Exec__V1__VdevConfig *cfg = calloc(nv + 1, sizeof *cfg);
+  Gpushare__Exec__V1__VdevConfig **ptr = calloc(nv + 1, sizeof *ptr);
+  Gpushare__Exec__V1__SetVdevs sv = GPUSHARE__EXEC__V1__SET_VDEVS__INIT;
+  for (size_t i = 0; cfg && ptr && i < nv; i++) {
+    if (strcmp(vdevs[i].device, d->devices.dev[dev].name) != 0) continue;
+    Gpushare__Exec__V1__VdevConfig c = GPUSHARE__EXEC__V1__VDEV_CONFIG__INIT;
+    c.name = vdevs[i].name;
+    c.has_memory_limit = c.has_compute_share = c.has_policy = 1;
+    c.memory_limit = vdevs[i].memory_limit;
+    c.compute_share = vdevs[i].compute_share;
+    c.policy = vdevs[i].policy ? GPUSHARE__V1__POLICY__GROWTH : GPUSHARE__V1__POLICY__PREALLOCATE;
+    cfg[sv.n_vdev] = c;
+    ptr[sv.n_vdev] = &cfg[sv.n_vdev];
+    sv.n_vdev++;
+  }
+  sv.vdev = ptr;
+  Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SET_VDEVS;
+  m.set_vdevs = &sv;
+  if (cfg && ptr) gs_executor_send(d->execs->exec[dev], &m);
+  free(cfg);
+  free(ptr);
+  free(vdevs);
+}
+
+void gs_exec_events_vdevs_changed(gs_daemon *d) {
+  if (!d->execs) return;
+  for (size_t i = 0; i < d->devices.n; i++)
+    if (d->execs->exec[i] && gs_executor_ready(d->execs->exec[i])) send_vdevs(d, i);
+  gs_exec_events_schedule(d);
+}
+
+void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who) {
+  if (j->placed >= 0) {
+    j->cancel_requested = true;
+    /* Stored before the answer: a cancel acknowledged is a cancel kept,
+     * even when the daemon dies before the executor stops the job
+     * (gs_jobs_load ends such a job CANCELLED; test_faults). */
+    j->rec->has_cancel_requested = j->rec->cancel_requested = 1;
+    gs_job_set_str(&j->rec->reason, who);
+    gs_job_persist(d, j);
+    Gpushare__Exec__V1__CancelJob cj = GPUSHARE__EXEC__V1__CANCEL_JOB__INIT;
+    cj.has_job_id = 1;
+    cj.job_id = j->rec->id;
+    Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
+    m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_CANCEL;
+    m.cancel = &cj;
+    if (gs_executor_send(exec_of(d, (size_t)j->placed), &m) < 0) {
+      gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, who);
+      gs_exec_events_schedule(d);
+    } else {
+      gs_job_set_str(&j->rec->reason, who);
+    }
+  } else {
+    gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, who);
+    gs_exec_events_schedule(d);
+  }
+}
+
+/* ------------------------------------------------------ executor events --- */
+
+static void on_ready(gs_daemon *d, gs_executor *x) {
+  send_vdevs(d, gs_executor_device_index(x));
+  gs_exec_events_schedule(d);
+}
+
+static vdev_live *live_of(gs_daemon *d, const char *name) {
+  gs_execs *X = d->execs;
+  for (size_t i = 0; i < X->n_live; i++)
+    if (strcmp(X->live[i].name, name) == 0) return &X->live[i];
+  vdev_live *p = realloc(X->live, (X->n_live + 1) * sizeof *p);
+  if (!p) return NULL;
+  X->live = p;
+  memset(&p[X->n_live], 0, sizeof *p);
+  snprintf(p[X->n_live].name, sizeof p[X->n_live].name, "%s", name);
+  return &p[X->n_live++];
+}
+
+static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
+  gs_job *j = gs_job_get(d, p->job_id);
+  if (!j || !p->event || gs_job_final(j->rec->state)) return;
+  const Gpushare__V1__JobEvent *ev = p->event;
+  Gpushare__V1__Job *r = j->rec;
+  if (ev->has_step) {
+    r->has_step = 1;
+    r->step = ev->step;
+  }
+  if (ev->has_total_steps) {
+    r->has_total_steps = 1;
+    r->total_steps = ev->total_steps;
+  }
+  Gpushare__V1__JobEvent out = *ev;
+  out.has_job_id = out.has_state = 1;
+  out.job_id = r->id;
+  out.state = GPUSHARE__V1__JOB_STATE__RUNNING;
+  if (ev->epoch_end) {
+    /* An epoch ended: it becomes part of the record and the job's log. */
+    gs_job_append_epoch(j, ev->epoch_end);
+    uint64_t now = uv_now(d->loop);
+    if (!j->epoch_saved_ms || now - j->epoch_saved_ms >= GS_EPOCH_SAVE_MS) {
+      j->epoch_saved_ms = now;
+      gs_job_persist(d, j);
+      gs_job_log_event(d, j, &out);
+    }
+  }
+  gs_job_publish(d, j, &out, false);
+}
+
+static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
+  gs_job *j = gs_job_get(d, f->job_id);
+  if (!j) return;
+  Gpushare__V1__Job *r = j->rec;
+  j->placed = -1;
+  if (f->has_device_seconds) j->device_seconds += f->device_seconds;
+  if (f->has_steps) {
+    r->has_step = 1;
+    r->step = f->steps;
+  }
+  if (f->interrupted) {
+    /* Checkpointed for a shutdown: it stays RUNNING and resumes at start. */
+    j->resume_pending = true;
+    gs_job_persist(d, j);
+    gs_info("job %" PRIu64 " checkpointed at step %" PRIu64 " for shutdown", r->id, r->step);
+    return;
+  }
+  if (f->n_epoch) {
+    for (size_t i = 0; i < r->n_epoch; i++) gpushare__v1__epoch_metrics__free_unpacked(r->epoch[i], NULL);
+    free(r->epoch);
+    r->epoch = NULL;
+    r->n_epoch = 0;
+    for (size_t i = 0; i < f->n_epoch; i++) gs_job_append_epoch(j, f->epoch[i]);
+  }
+  if (f->oom) {
+    if (r->oom) gpushare__v1__oom_report__free_unpacked(r->oom, NULL);
+    r->oom = gs_job_msg_dup(&f->oom->base);
+  }
+  if (f->timeline) {
+    if (r->timeline) gpushare__v1__memory_timeline__free_unpacked(r->timeline, NULL);
+    r->timeline = gs_job_msg_dup(&f->timeline->base);
+  }
+  Gpushare__V1__JobState st = f->has_state ? f->state : GPUSHARE__V1__JOB_STATE__FAILED;
+  if (!gs_job_final(st)) st = GPUSHARE__V1__JOB_STATE__FAILED;
+  if (j->cancel_requested && st == GPUSHARE__V1__JOB_STATE__CANCELLED) {
+    /* Who cancelled (kept since the request) and where it stopped. */
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s%s%s%s", r->reason ? r->reason : "cancelled",
+             f->reason && *f->reason ? " (" : "", f->reason && *f->reason ? f->reason : "",
+             f->reason && *f->reason ? ")" : "");
+    gs_job_transition(d, j, st, reason);
+  } else {
+    gs_job_transition(d, j, st, f->reason && *f->reason ? f->reason : NULL);
+  }
+  gs_exec_events_schedule(d);
+}
+
+static void on_stats(gs_daemon *d, const Gpushare__Exec__V1__Stats *s) {
+  for (size_t i = 0; i < s->n_vdev; i++) {
+    const Gpushare__Exec__V1__VdevStats *v = s->vdev[i];
+    if (!v->name) continue;
+    vdev_live *l = live_of(d, v->name);
+    if (!l) continue;
+    l->v.in_use = v->in_use;
+    l->v.reserved = v->reserved;
+    l->v.peak = v->peak_in_use;
+    l->v.device_seconds = v->device_seconds;
+    l->v.steps = v->steps;
+    l->v.running = v->running_jobs;
+  }
+}
+
+static void on_message(gs_daemon *d, gs_executor *x, const Gpushare__Exec__V1__FromExecutor *m) {
+  (void)x;
+  switch (m->msg_case) {
+  case GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS: on_progress(d, m->progress); break;
+  case GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED: on_finished(d, m->finished); break;
+  case GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_STATS: on_stats(d, m->stats); break;
+  default: break;
+  }
+}
+
+static void maybe_loop_done(gs_daemon *d) {
+  gs_execs *X = d->execs;
+  for (size_t i = 0; i < d->devices.n; i++)
+    if (X->exec[i] && !X->exec_gone[i]) return;
+  gs_info("executors stopped");
+}
+
+/* The job a dying executor named (executor.c on_fatal writes the id of the
+ * job whose thread took the fatal signal to STATE/executor-DEVICE.crash), or
+ * 0 when it named none (killed from outside, out of memory). The file is
+ * emptied once read, so an old crash never blames a later death. */
+static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/executor-%s.crash", d->cfg.state_dir,
+           d->devices.dev[dev].name);
+  FILE *f = fopen(path, "r+e");
+  if (!f) return 0;
+  uint64_t id = 0;
+  if (fscanf(f, "%" SCNu64, &id) != 1) id = 0;
+  if (ftruncate(fileno(f), 0) != 0) gs_warn("cannot empty %s: %s", path, strerror(errno));
+  fclose(f);
+  return id;
+}
+
+static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned) {
+  gs_jobs *J = d->jobs;
+  size_t dev = gs_executor_device_index(x);
+  uint64_t culprit = planned ? 0 : crash_culprit(d, dev);
+  bool named = false; /* the culprit is one of the jobs it ran */
+  for (uint64_t i = 0; i < J->cap && culprit; i++)
+    if (J->by_id[i] && J->by_id[i]->placed == (int)dev && J->by_id[i]->rec->id == culprit)
+      named = true;
+  if (culprit && named)
+    gs_warn("the executor of %s died in job %" PRIu64 "'s thread (%s): that job is charged "
+            "with the crash, the others resume uncharged",
+            d->devices.dev[dev].name, culprit, why);
+  for (uint64_t i = 0; i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (!j || j->placed != (int)dev) continue;
+    j->placed = -1;
+    if (planned) {
+      j->resume_pending = true; /* it keeps its checkpoint; resumes at start */
+      continue;
+    }
+    /* Blame: the job the executor named, or, when it named none, every job
+     * it ran (one of them may have caused it). */
+    bool charged = !named || j->rec->id == culprit;
+    if (charged) j->crashes++;
+    gs_job_set_str(&j->rec->device, d->devices.dev[dev].name);
+    j->rec->has_restarts = 1;
+    j->rec->restarts++;
+    if (charged && j->crashes >= 2) {
+      char reason[512];
+      if (named)
+        snprintf(reason, sizeof reason,
+                 "this job crashed the executor of %s twice, each time inside its own "
+                 "step (last: %s); gpushare stopped retrying it so it cannot crash-loop the "
+                 "device, and the other jobs there resumed from their checkpoints",
+                 d->devices.dev[dev].name, why);
+      else
+        snprintf(reason, sizeof reason,
+                 "the executor of %s went down twice while running this job (last: %s); "
+                 "gpushare stopped retrying it so it cannot crash-loop the device",
+                 d->devices.dev[dev].name, why);
+      gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__FAILED, reason);
+    } else {
+      gs_warn("job %" PRIu64 " will resume from its checkpoint: its executor %s", j->rec->id, why);
+      j->resume_pending = true;
+      gs_job_persist(d, j);
+      Gpushare__V1__JobEvent ev;
+      char msg[256];
+      snprintf(msg, sizeof msg, "executor %s; resuming from the last checkpoint", why);
+      gs_job_state_event(j, &ev, msg);
+      gs_job_log_event(d, j, &ev);
+      gs_job_publish(d, j, &ev, false);
+    }
+  }
+  if (planned) {
+    d->execs->exec_gone[dev] = true;
+    maybe_loop_done(d);
+  }
+}
+
+static const gs_supervisor_events exec_events = {on_ready, on_message, on_died};
+
+/* -------------------------------------------------------------- lifecycle --- */
+
+int gs_exec_events_init(gs_daemon *d, gs_err *e) {
+  gs_execs *X = calloc(1, sizeof *X);
+  if (!X) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  d->execs = X;
+  for (size_t i = 0; i < d->devices.n; i++)
+    if (gs_executor_start(d, i, &exec_events, &X->exec[i], e) < 0) return -1;
+  return 0;
+}
+
+void gs_exec_events_shutdown(gs_daemon *d) {
+  gs_execs *X = d->execs;
+  if (!X || X->shutting_down) return;
+  X->shutting_down = true;
+  for (size_t i = 0; i < d->devices.n; i++)
+    if (X->exec[i]) gs_executor_stop(X->exec[i]);
+}
+
+bool gs_exec_events_shutting_down(const gs_daemon *d) {
+  return d->execs && d->execs->shutting_down;
+}
+
+void gs_exec_events_free(gs_daemon *d) {
+  gs_execs *X = d->execs;
+  if (!X) return;
+  for (size_t i = 0; i < d->devices.n; i++) gs_executor_free(X->exec[i]);
+  free(X->live);
+  free(X);
+  d->execs = NULL;
+}
+
+void gs_exec_events_vdev_live(const gs_daemon *d, const char *vdev, gs_vdev_live *out) {
+  memset(out, 0, sizeof *out);
+  const gs_execs *X = d->execs;
+  for (size_t i = 0; X && i < X->n_live; i++)
+    if (strcmp(X->live[i].name, vdev) == 0) *out = X->live[i].v;
+}
+
+uint32_t gs_exec_events_restarts(const gs_daemon *d, size_t device) {
+  gs_executor *x = exec_of(d, device);
+  return x ? gs_executor_restarts(x) : 0;
+}

@@ -1,0 +1,55 @@
+/*
+ * exec_events.h: the executors as the job layer sees them: starting them,
+ * what happens when one reports (progress, an epoch, a job finished, failed
+ * or out of memory, the executor ready or dead), and carrying out the
+ * scheduler's decisions on them.
+ *
+ * One executor per device (supervisor.c runs the processes). A job sent to
+ * an executor is "placed"; when the executor dies, each placed job counts
+ * the crash and goes back to "resume pending" (it stays RUNNING in the
+ * store) to resume from its checkpoint once the executor is back; a job
+ * placed during two executor deaths fails with the reason, so one bad job
+ * cannot crash-loop a device. The loop never waits on a job: executors
+ * report progress and results as messages.
+ */
+#ifndef GS_EXEC_EVENTS_H
+#define GS_EXEC_EVENTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "control/daemon.h"
+#include "control/job.h"
+
+/* What a device's executor last reported of a vdev. */
+typedef struct gs_vdev_live {
+  uint64_t in_use, reserved, peak, steps;
+  double device_seconds;
+  uint32_t running;
+} gs_vdev_live;
+
+/* Start one executor per device (after gs_jobs_load). */
+int gs_exec_events_init(gs_daemon *d, gs_err *e);
+/* SIGTERM: executors checkpoint their running jobs and exit; the loop ends
+ * once they have. No job starts after this. */
+void gs_exec_events_shutdown(gs_daemon *d);
+bool gs_exec_events_shutting_down(const gs_daemon *d);
+void gs_exec_events_free(gs_daemon *d);
+
+/* Run the queues (sched.c decides): resume what waits for its executor,
+ * start the queued jobs the scheduler starts. Without executors (d->execs
+ * NULL) nothing starts. */
+void gs_exec_events_schedule(gs_daemon *d);
+/* Vdevs were created or deleted: tell the executors, run the queues. */
+void gs_exec_events_vdevs_changed(gs_daemon *d);
+/* Cancel a job that has not ended: a placed one is asked to stop at its
+ * next step (and ends when its executor says so), any other ends now. */
+void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who);
+
+/* A vdev's live figures as its executor last reported (0s when idle). */
+void gs_exec_events_vdev_live(const gs_daemon *d, const char *vdev, gs_vdev_live *out);
+/* Restarts of the device's executor. */
+uint32_t gs_exec_events_restarts(const gs_daemon *d, size_t device);
+
+#endif

@@ -1,0 +1,305 @@
+/*
+ * job.c: the job records and their state machine (see job.h).
+ *
+ * The table is an array indexed by job id (ids are dense, handed out by the
+ * store). gs_job_legal is the one place that says which state may follow
+ * which; gs_job_transition is the one place a state changes. Scheduling
+ * (sched.c), the executors' reports (exec_events.c) and the calls
+ * (rpc_jobs.c) all change jobs through here; this module calls none of
+ * them: whoever wants to hear of events registers a sink.
+ */
+#include "control/job.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "control/log.h"
+#include "control/store.h"
+
+/* A job's record keeps the metrics of its last GS_EPOCHS_KEPT epochs (an
+ * epoch end is stored at most once a second: exec_events.c). */
+#define GS_EPOCHS_KEPT 1000
+
+uint64_t gs_job_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+const char *gs_job_state_name(int s) {
+  static const char *const n[] = {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"};
+  return s >= 0 && s < 5 ? n[s] : "UNKNOWN";
+}
+
+bool gs_job_final(int s) { return s >= GPUSHARE__V1__JOB_STATE__SUCCEEDED; }
+
+bool gs_job_legal(int from, int to) {
+  switch (from) {
+  case GPUSHARE__V1__JOB_STATE__QUEUED:
+    return to == GPUSHARE__V1__JOB_STATE__RUNNING || to == GPUSHARE__V1__JOB_STATE__CANCELLED;
+  case GPUSHARE__V1__JOB_STATE__RUNNING:
+    return to == GPUSHARE__V1__JOB_STATE__SUCCEEDED || to == GPUSHARE__V1__JOB_STATE__FAILED ||
+           to == GPUSHARE__V1__JOB_STATE__CANCELLED;
+  default:
+    return false; /* final */
+  }
+}
+
+void *gs_job_msg_dup(const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return NULL;
+  protobuf_c_message_pack(m, buf);
+  void *r = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+  free(buf);
+  return r;
+}
+
+void gs_job_set_str(char **field, const char *v) {
+  free(*field);
+  *field = v ? strdup(v) : NULL;
+}
+
+void gs_job_dir(const gs_daemon *d, uint64_t id, char *buf, size_t len) {
+  snprintf(buf, len, "%s/jobs/%" PRIu64, d->cfg.state_dir, id);
+}
+void gs_job_file(const gs_daemon *d, uint64_t id, const char *name, char *buf, size_t len) {
+  snprintf(buf, len, "%s/jobs/%" PRIu64 "/%s", d->cfg.state_dir, id, name);
+}
+
+gs_job *gs_job_get(gs_daemon *d, uint64_t id) {
+  gs_jobs *J = d->jobs;
+  return J && id < J->cap ? J->by_id[id] : NULL;
+}
+
+static int job_put(gs_daemon *d, gs_job *j) {
+  gs_jobs *J = d->jobs;
+  uint64_t id = j->rec->id;
+  if (id >= J->cap) {
+    uint64_t cap = J->cap ? J->cap : 64;
+    while (cap <= id) cap *= 2;
+    gs_job **p = realloc(J->by_id, cap * sizeof *p);
+    if (!p) return -1;
+    memset(p + J->cap, 0, (cap - J->cap) * sizeof *p);
+    J->by_id = p;
+    J->cap = cap;
+  }
+  J->by_id[id] = j;
+  return 0;
+}
+
+int gs_job_add(gs_daemon *d, Gpushare__V1__Job *rec, gs_job **out, gs_err *e) {
+  gs_job *j = calloc(1, sizeof *j);
+  if (!j || (j->rec = rec, job_put(d, j)) < 0) {
+    free(j);
+    return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  }
+  j->placed = -1;
+  d->jobs->submitted++;
+  *out = j;
+  return 0;
+}
+
+int gs_job_persist(gs_daemon *d, gs_job *j) {
+  size_t n = gpushare__v1__job__get_packed_size(j->rec);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return -1;
+  gpushare__v1__job__pack(j->rec, buf);
+  gs_err e;
+  gs_err_clear(&e);
+  int rc = gs_store_job_update(d->store, j->rec->id, (int)j->rec->state, j->crashes, buf, n, &e);
+  free(buf);
+  if (rc < 0) gs_error("job %" PRIu64 ": cannot save its state: %s", j->rec->id, e.msg);
+  return rc;
+}
+
+void gs_job_log_event(gs_daemon *d, gs_job *j, const Gpushare__V1__JobEvent *ev) {
+  size_t n = gpushare__v1__job_event__get_packed_size(ev);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return;
+  gpushare__v1__job_event__pack(ev, buf);
+  gs_err e;
+  gs_err_clear(&e);
+  if (gs_store_job_event_add(d->store, j->rec->id, buf, n, &e) < 0)
+    gs_warn("job %" PRIu64 ": event not stored: %s", j->rec->id, e.msg);
+  free(buf);
+}
+
+void gs_jobs_set_sink(gs_jobs *J, gs_job_sink fn, void *arg) {
+  J->sink = fn;
+  J->sink_arg = arg;
+}
+
+void gs_job_publish(gs_daemon *d, const gs_job *j, const Gpushare__V1__JobEvent *ev, bool final) {
+  gs_jobs *J = d->jobs;
+  if (J && J->sink) J->sink(J->sink_arg, j, ev, final);
+}
+
+void gs_job_state_event(const gs_job *j, Gpushare__V1__JobEvent *ev, const char *message) {
+  Gpushare__V1__JobEvent init = GPUSHARE__V1__JOB_EVENT__INIT;
+  *ev = init;
+  const Gpushare__V1__Job *r = j->rec;
+  ev->has_job_id = ev->has_time_unix_ms = ev->has_state = 1;
+  ev->job_id = r->id;
+  ev->time_unix_ms = (int64_t)gs_job_now_ms();
+  ev->state = r->state;
+  ev->has_step = ev->has_total_steps = 1;
+  ev->step = r->step;
+  ev->total_steps = r->total_steps;
+  if (r->n_epoch) {
+    const Gpushare__V1__EpochMetrics *m = r->epoch[r->n_epoch - 1];
+    ev->has_epoch = ev->has_loss = 1;
+    ev->epoch = m->epoch;
+    ev->loss = m->train_loss;
+    ev->has_accuracy = m->has_test_accuracy;
+    ev->accuracy = m->test_accuracy;
+    ev->has_loss_scale = m->has_loss_scale;
+    ev->loss_scale = m->loss_scale;
+  }
+  ev->message = (char *)message;
+}
+
+int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const char *reason) {
+  Gpushare__V1__Job *r = j->rec;
+  if (!gs_job_legal((int)r->state, (int)st)) {
+    gs_error("job %" PRIu64 ": no move from %s to %s; it stays %s", r->id,
+             gs_job_state_name(r->state), gs_job_state_name(st), gs_job_state_name(r->state));
+    return -1;
+  }
+  r->has_state = 1;
+  r->state = st;
+  int64_t now = (int64_t)(gs_job_now_ms() / 1000);
+  if (st == GPUSHARE__V1__JOB_STATE__RUNNING && !r->has_started_unix) {
+    r->has_started_unix = 1;
+    r->started_unix = now;
+  }
+  if (gs_job_final(st)) {
+    r->has_finished_unix = 1;
+    r->finished_unix = now;
+    j->placed = -1;
+    j->resume_pending = false;
+    d->jobs->finished[st]++;
+  }
+  if (reason) gs_job_set_str(&r->reason, reason);
+  gs_job_persist(d, j);
+  char msg[1200];
+  snprintf(msg, sizeof msg, "%s%s%s", gs_job_state_name(st), reason ? ": " : "",
+           reason ? reason : "");
+  Gpushare__V1__JobEvent ev;
+  gs_job_state_event(j, &ev, msg);
+  gs_job_log_event(d, j, &ev);
+  gs_job_publish(d, j, &ev, gs_job_final(st));
+  gs_info("job %" PRIu64 " (%s/%s) %s", r->id, r->tenant, r->vdev ? r->vdev : "", msg);
+  return 0;
+}
+
+void gs_job_append_epoch(gs_job *j, const Gpushare__V1__EpochMetrics *m) {
+  Gpushare__V1__Job *r = j->rec;
+  Gpushare__V1__EpochMetrics **p = realloc(r->epoch, (r->n_epoch + 1) * sizeof *p);
+  if (!p) return;
+  r->epoch = p;
+  Gpushare__V1__EpochMetrics *copy = gs_job_msg_dup(&m->base);
+  if (copy) r->epoch[r->n_epoch++] = copy;
+  if (r->n_epoch > GS_EPOCHS_KEPT) {
+    gpushare__v1__epoch_metrics__free_unpacked(r->epoch[0], NULL);
+    memmove(r->epoch, r->epoch + 1, (r->n_epoch - 1) * sizeof *r->epoch);
+    r->n_epoch--;
+  }
+}
+
+uint32_t gs_jobs_count(gs_daemon *d, const char *tenant, int state) {
+  gs_jobs *J = d->jobs;
+  uint32_t n = 0;
+  for (uint64_t i = 0; J && i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (j && (int)j->rec->state == state && (!tenant || !strcmp(j->rec->tenant, tenant))) n++;
+  }
+  return n;
+}
+
+static bool dataset_uses(const Gpushare__V1__Dataset *ds, const char *sha) {
+  if (!ds || ds->source_case != GPUSHARE__V1__DATASET__SOURCE_IDX) return false;
+  const char *refs[2] = {ds->idx->images, ds->idx->labels};
+  for (int i = 0; i < 2; i++)
+    if (refs[i] && !strncmp(refs[i], "sha256:", 7) && !strcmp(refs[i] + 7, sha)) return true;
+  return false;
+}
+
+uint64_t gs_jobs_using_blob(gs_daemon *d, const char *sha256) {
+  gs_jobs *J = d->jobs;
+  for (uint64_t i = 0; J && i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (j && !gs_job_final(j->rec->state) &&
+        (dataset_uses(j->rec->spec->train, sha256) || dataset_uses(j->rec->spec->test, sha256)))
+      return j->rec->id;
+  }
+  return 0;
+}
+
+int gs_jobs_load(gs_daemon *d, gs_err *e) {
+  gs_jobs *J = calloc(1, sizeof *J);
+  if (!J) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  d->jobs = J;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/jobs", d->cfg.state_dir);
+  if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot create %s: %s", dir,
+                      strerror(errno));
+  gs_job_row *rows;
+  size_t n;
+  if (gs_store_job_list(d->store, &rows, &n, e) < 0) return -1;
+  unsigned resumed = 0, queued = 0;
+  for (size_t i = 0; i < n; i++) {
+    Gpushare__V1__Job *rec = gpushare__v1__job__unpack(NULL, rows[i].record_len, rows[i].record);
+    if (!rec || !rec->spec) {
+      gs_error("job %" PRIu64 ": stored record unreadable; skipped", rows[i].id);
+      if (rec) gpushare__v1__job__free_unpacked(rec, NULL);
+      continue;
+    }
+    gs_job *j = calloc(1, sizeof *j);
+    if (!j) break;
+    j->rec = rec;
+    j->crashes = rows[i].crashes;
+    j->placed = -1;
+    bool cancelled = rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && rec->cancel_requested;
+    if (rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && !cancelled) {
+      j->resume_pending = true;
+      resumed++;
+    } else if (rec->state == GPUSHARE__V1__JOB_STATE__QUEUED) {
+      queued++;
+    }
+    if (job_put(d, j) < 0) {
+      gpushare__v1__job__free_unpacked(rec, NULL);
+      free(j);
+      continue;
+    }
+    if (cancelled) {
+      char why[600];
+      snprintf(why, sizeof why, "%s; gpushared stopped before the job did, so it ends here",
+               rec->reason && rec->reason[0] ? rec->reason : "cancelled");
+      gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, why);
+    }
+  }
+  gs_job_rows_free(rows, n);
+  if (n) gs_info("%zu jobs in the store: %u to resume, %u queued", n, resumed, queued);
+  return 0;
+}
+
+void gs_jobs_free(gs_daemon *d) {
+  gs_jobs *J = d->jobs;
+  if (!J) return;
+  for (uint64_t i = 0; i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (!j) continue;
+    gpushare__v1__job__free_unpacked(j->rec, NULL);
+    free(j);
+  }
+  free(J->by_id);
+  free(J);
+  d->jobs = NULL;
+}

@@ -1,0 +1,99 @@
+/*
+ * job.h: the job records of the control plane and their state machine.
+ *
+ * A job lives in memory as its gpushare.v1.Job record (an unpacked
+ * protobuf-c message this module owns and edits field by field with
+ * malloc'd values, so free_unpacked releases it) and in the store as that
+ * record packed. Every state change goes through gs_job_transition, which
+ * refuses the moves the state machine does not have, writes the record to
+ * the store, appends the event to the job's log, and then tells whoever
+ * listens (the event sink: the watch streams of rpc_jobs.c) — in that
+ * order, so nobody hears of a state the store does not hold.
+ *
+ *   QUEUED  -> RUNNING | CANCELLED
+ *   RUNNING -> SUCCEEDED | FAILED | CANCELLED
+ *   SUCCEEDED, FAILED, CANCELLED: final
+ *
+ * A job accepted is a job kept: submit writes the job (QUEUED) in one store
+ * transaction before it answers (rpc_jobs.c). At start, gs_jobs_load reads
+ * every job of the store back: RUNNING ones wait to resume from their
+ * checkpoint, QUEUED ones are queued again.
+ */
+#ifndef GS_JOB_H
+#define GS_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "control/daemon.h"
+#include "proto/gpushare.pb-c.h"
+
+typedef struct gs_job {
+  Gpushare__V1__Job *rec;  /* owned; what the store holds, packed */
+  uint32_t crashes;        /* executor deaths while placed */
+  int placed;              /* device index it runs on, -1 when not on an executor */
+  bool resume_pending;     /* RUNNING, waiting to be (re)started on its executor */
+  bool cancel_requested;
+  double device_seconds;
+  uint64_t epoch_saved_ms; /* loop time the last epoch end was stored and logged */
+} gs_job;
+
+/* Told of every event of every job, after it is stored; `final` when the
+ * job has ended (its last event). */
+typedef void (*gs_job_sink)(void *arg, const gs_job *j, const Gpushare__V1__JobEvent *ev,
+                            bool final);
+
+struct gs_jobs {
+  gs_job **by_id;          /* index = job id (ids are dense, from the store) */
+  uint64_t cap;
+  uint64_t submitted;      /* since start */
+  uint64_t finished[5];    /* since start, by final state */
+  gs_job_sink sink;        /* NULL: nobody listens */
+  void *sink_arg;
+};
+
+/* Create d->jobs from the store (and STATE_DIR/jobs); RUNNING jobs become
+ * resume-pending, a RUNNING job whose cancel was acknowledged ends
+ * CANCELLED. */
+int gs_jobs_load(gs_daemon *d, gs_err *e);
+void gs_jobs_free(gs_daemon *d);
+void gs_jobs_set_sink(gs_jobs *J, gs_job_sink fn, void *arg);
+
+gs_job *gs_job_get(gs_daemon *d, uint64_t id);
+/* Add a job just stored (takes rec). */
+int gs_job_add(gs_daemon *d, Gpushare__V1__Job *rec, gs_job **out, gs_err *e);
+
+const char *gs_job_state_name(int state);
+bool gs_job_final(int state);
+/* Is from -> to a move of the state machine? */
+bool gs_job_legal(int from, int to);
+
+/* Change state (refused, logged, when not legal), persist, log the event
+ * and tell the sink; a final state ends the job's streams. 0 or -1. */
+int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const char *reason);
+/* Write the record to the store (0, or -1 logged). */
+int gs_job_persist(gs_daemon *d, gs_job *j);
+/* An event describing the job as it stands (state, step, last metrics);
+ * message is borrowed. */
+void gs_job_state_event(const gs_job *j, Gpushare__V1__JobEvent *ev, const char *message);
+/* Append an event to the job's stored log. */
+void gs_job_log_event(gs_daemon *d, gs_job *j, const Gpushare__V1__JobEvent *ev);
+/* Tell the sink of an event that is not a state change (progress). */
+void gs_job_publish(gs_daemon *d, const gs_job *j, const Gpushare__V1__JobEvent *ev, bool final);
+/* Append an epoch's metrics to the record (the last GS_EPOCHS_KEPT kept). */
+void gs_job_append_epoch(gs_job *j, const Gpushare__V1__EpochMetrics *m);
+void gs_job_set_str(char **field, const char *v);
+/* A deep copy of a protobuf-c message that free_unpacked can release. */
+void *gs_job_msg_dup(const ProtobufCMessage *m);
+
+/* Jobs of a tenant in a state. */
+uint32_t gs_jobs_count(gs_daemon *d, const char *tenant, int state);
+/* A job that has not ended and uses the dataset blob (0: none). */
+uint64_t gs_jobs_using_blob(gs_daemon *d, const char *sha256);
+/* STATE_DIR/jobs/ID and a file in it. */
+void gs_job_dir(const gs_daemon *d, uint64_t id, char *buf, size_t len);
+void gs_job_file(const gs_daemon *d, uint64_t id, const char *name, char *buf, size_t len);
+uint64_t gs_job_now_ms(void);
+
+#endif

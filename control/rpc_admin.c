@@ -1,0 +1,339 @@
+/*
+ * rpc_admin.c: the calls about the machine and its division: version,
+ * list_devices, tenants (create, list, delete), quotas (set, get), vdevs
+ * (create, list, delete) and metrics. Each states in rpc.c's table the
+ * role it needs; tenants, quotas and vdevs are the admins', and a tenant
+ * reads its own quota and vdevs only. A vdev created or deleted is told to
+ * the executors and may start queued jobs (exec_events.c).
+ */
+#include "control/rpc_admin.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/exec_events.h"
+#include "control/log.h"
+#include "control/metrics.h"
+#include "control/store.h"
+
+static int oom(call_ctx *c, gs_err *e) {
+  (void)c;
+  return gs_err_set(e, GS_INTERNAL, "", "gpushared ran out of memory building the response");
+}
+
+/* ------------------------------------------------------------ converters --- */
+
+static Gpushare__V1__Quota *quota_msg(arena *a, const gs_quota *q) {
+  Gpushare__V1__Quota *m = AR_MSG(a, Gpushare__V1__Quota, GPUSHARE__V1__QUOTA__INIT);
+  if (!m) return NULL;
+  m->has_memory_bytes = m->has_compute_share = m->has_max_running = m->has_max_queued = 1;
+  m->memory_bytes = q->memory;
+  m->compute_share = q->compute;
+  m->max_running = q->max_running;
+  m->max_queued = q->max_queued;
+  return m;
+}
+
+static Gpushare__V1__Tenant *tenant_msg(arena *a, const gs_tenant *t) {
+  Gpushare__V1__Tenant *m = AR_MSG(a, Gpushare__V1__Tenant, GPUSHARE__V1__TENANT__INIT);
+  if (!m) return NULL;
+  m->name = ar_strdup(a, t->name);
+  m->n_uids = t->n_uids;
+  m->uids = ar_alloc(a, t->n_uids * sizeof *m->uids + 1);
+  if (m->uids && t->n_uids) memcpy(m->uids, t->uids, t->n_uids * sizeof *m->uids);
+  m->n_gids = t->n_gids;
+  m->gids = ar_alloc(a, t->n_gids * sizeof *m->gids + 1);
+  if (m->gids && t->n_gids) memcpy(m->gids, t->gids, t->n_gids * sizeof *m->gids);
+  m->quota = quota_msg(a, &t->quota);
+  m->has_memory_allocated = m->has_compute_allocated = m->has_vdev_count = 1;
+  m->has_created_unix = 1;
+  m->memory_allocated = t->memory_allocated;
+  m->compute_allocated = t->compute_allocated;
+  m->vdev_count = t->vdev_count;
+  m->created_unix = t->created;
+  return m;
+}
+
+static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, arena *a, const gs_vdev *v) {
+  Gpushare__V1__Vdev *m = AR_MSG(a, Gpushare__V1__Vdev, GPUSHARE__V1__VDEV__INIT);
+  if (!m) return NULL;
+  m->name = ar_strdup(a, v->name);
+  m->device = ar_strdup(a, v->device);
+  m->tenant = ar_strdup(a, v->tenant);
+  m->has_memory_limit = m->has_compute_share = m->has_policy = m->has_created_unix = 1;
+  m->memory_limit = v->memory_limit;
+  m->compute_share = v->compute_share;
+  m->policy = v->policy == 1 ? GPUSHARE__V1__POLICY__GROWTH : GPUSHARE__V1__POLICY__PREALLOCATE;
+  m->created_unix = v->created;
+  /* As the device's executor last reported: GROWTH vdevs hold memory while
+   * jobs run in them, PREALLOCATE ones their whole limit once reserved. */
+  m->has_memory_in_use = m->has_memory_reserved = m->has_memory_peak = 1;
+  gs_vdev_live l;
+  gs_exec_events_vdev_live(d, v->name, &l);
+  m->memory_in_use = l.in_use;
+  m->memory_reserved = l.reserved;
+  m->memory_peak = l.peak;
+  return m;
+}
+
+/* ------------------------------------------------------------- handlers --- */
+
+int gs_rpc_version(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  (void)rq;
+  Gpushare__V1__VersionResponse *m =
+      AR_MSG(&c->ar, Gpushare__V1__VersionResponse, GPUSHARE__V1__VERSION_RESPONSE__INIT);
+  if (!m) return oom(c, e);
+  m->version = ar_strdup(&c->ar, GS_VERSION);
+  m->has_uid = m->has_admin = 1;
+  m->uid = c->peer->uid;
+  m->admin = c->id.admin;
+  if (c->id.tenant[0]) m->tenant = ar_strdup(&c->ar, c->id.tenant);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_VERSION;
+  c->resp->version = m;
+  return 0;
+}
+
+int gs_rpc_list_devices(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  (void)rq;
+  Gpushare__V1__ListDevicesResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListDevicesResponse,
+                                                GPUSHARE__V1__LIST_DEVICES_RESPONSE__INIT);
+  if (!m) return oom(c, e);
+  const gs_devices *ds = &c->d->devices;
+  m->device = ar_alloc(&c->ar, ds->n * sizeof *m->device);
+  if (!m->device) return oom(c, e);
+  for (size_t i = 0; i < ds->n; i++) {
+    const gs_device *dv = &ds->dev[i];
+    gs_device_usage u;
+    if (gs_store_device_usage(c->d->store, dv->name, &u, e) < 0) return -1;
+    Gpushare__V1__Device *x = AR_MSG(&c->ar, Gpushare__V1__Device, GPUSHARE__V1__DEVICE__INIT);
+    if (!x) return oom(c, e);
+    x->name = ar_strdup(&c->ar, dv->name);
+    x->kind = ar_strdup(&c->ar, dv->kind);
+    x->model = ar_strdup(&c->ar, dv->model);
+    if (dv->compute_capability[0])
+      x->compute_capability = ar_strdup(&c->ar, dv->compute_capability);
+    x->has_total_bytes = x->has_usable_bytes = x->has_allocated_bytes = 1;
+    x->has_compute_allocated = x->has_oversubscribed = x->has_vdev_count = 1;
+    x->total_bytes = dv->total;
+    x->usable_bytes = dv->usable;
+    x->allocated_bytes = u.memory;
+    x->compute_allocated = u.compute;
+    x->oversubscribed = dv->oversubscribed;
+    x->vdev_count = u.vdevs;
+    m->device[m->n_device++] = x;
+  }
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_DEVICES;
+  c->resp->list_devices = m;
+  return 0;
+}
+
+/* Copy a request's Quota into q, refusing values no quota can have. */
+static void quota_from(const Gpushare__V1__Quota *m, gs_quota_update *u) {
+  memset(u, 0, sizeof *u);
+  if (!m) return;
+  u->set_memory = m->has_memory_bytes;
+  u->q.memory = m->memory_bytes;
+  u->set_compute = m->has_compute_share;
+  u->q.compute = m->compute_share;
+  u->set_max_running = m->has_max_running;
+  u->q.max_running = m->max_running;
+  u->set_max_queued = m->has_max_queued;
+  u->q.max_queued = m->max_queued;
+}
+
+int gs_rpc_create_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__CreateTenantRequest *r = rq->create_tenant;
+  gs_tenant t;
+  memset(&t, 0, sizeof t);
+  if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
+  snprintf(t.name, sizeof t.name, "%s", r->name);
+  t.uids = r->uids;
+  t.n_uids = r->n_uids;
+  t.gids = r->gids;
+  t.n_gids = r->n_gids;
+  gs_quota_update u;
+  quota_from(r->quota, &u);
+  t.quota = u.q;
+  if (gs_store_tenant_create(c->d->store, &t, e) < 0) return -1;
+  gs_tenant got;
+  if (gs_store_tenant_get(c->d->store, r->name, &got, e) < 0) return -1;
+  Gpushare__V1__CreateTenantResponse *m = AR_MSG(&c->ar, Gpushare__V1__CreateTenantResponse,
+                                                 GPUSHARE__V1__CREATE_TENANT_RESPONSE__INIT);
+  if (m) m->tenant = tenant_msg(&c->ar, &got);
+  gs_tenant_clear(&got);
+  if (!m) return oom(c, e);
+  gs_info("tenant %s created by uid %" PRIu32 " (%zu uids, %zu gids)", r->name, c->peer->uid,
+          r->n_uids, r->n_gids);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CREATE_TENANT;
+  c->resp->create_tenant = m;
+  return 0;
+}
+
+int gs_rpc_list_tenants(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  (void)rq;
+  gs_tenant *list;
+  size_t n;
+  if (gs_store_tenant_list(c->d->store, &list, &n, e) < 0) return -1;
+  Gpushare__V1__ListTenantsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListTenantsResponse,
+                                                GPUSHARE__V1__LIST_TENANTS_RESPONSE__INIT);
+  if (m) m->tenant = ar_alloc(&c->ar, n * sizeof *m->tenant + 1);
+  for (size_t i = 0; m && m->tenant && i < n; i++) m->tenant[m->n_tenant++] = tenant_msg(&c->ar, &list[i]);
+  gs_tenant_list_free(list, n);
+  if (!m || c->ar.failed) return oom(c, e);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_TENANTS;
+  c->resp->list_tenants = m;
+  return 0;
+}
+
+int gs_rpc_delete_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const char *name = rq->delete_tenant->name;
+  if (gs_store_name_valid(name, "name", e) < 0) return -1;
+  if (gs_store_tenant_delete(c->d->store, name, e) < 0) return -1;
+  gs_info("tenant %s deleted by uid %" PRIu32, name, c->peer->uid);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_TENANT;
+  c->resp->delete_tenant = AR_MSG(&c->ar, Gpushare__V1__DeleteTenantResponse,
+                                  GPUSHARE__V1__DELETE_TENANT_RESPONSE__INIT);
+  return c->resp->delete_tenant ? 0 : oom(c, e);
+}
+
+static int tenant_reply(call_ctx *c, const char *name, Gpushare__V1__Tenant **out, gs_err *e) {
+  gs_tenant t;
+  if (gs_store_tenant_get(c->d->store, name, &t, e) < 0) return -1;
+  *out = tenant_msg(&c->ar, &t);
+  gs_tenant_clear(&t);
+  return *out ? 0 : oom(c, e);
+}
+
+int gs_rpc_set_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__SetQuotaRequest *r = rq->set_quota;
+  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
+  gs_quota_update u;
+  quota_from(r->quota, &u);
+  if (!u.set_memory && !u.set_compute && !u.set_max_running && !u.set_max_queued)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "quota",
+                      "no quota field given: set memory_bytes, compute_share, max_running or "
+                      "max_queued");
+  if (gs_store_quota_set(c->d->store, r->tenant, &u, e) < 0) return -1;
+  Gpushare__V1__SetQuotaResponse *m = AR_MSG(&c->ar, Gpushare__V1__SetQuotaResponse,
+                                             GPUSHARE__V1__SET_QUOTA_RESPONSE__INIT);
+  if (!m) return oom(c, e);
+  if (tenant_reply(c, r->tenant, &m->tenant, e) < 0) return -1;
+  gs_info("quota of tenant %s changed by uid %" PRIu32, r->tenant, c->peer->uid);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_SET_QUOTA;
+  c->resp->set_quota = m;
+  return 0;
+}
+
+int gs_rpc_get_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const char *name = rq->get_quota->tenant;
+  if (!name || !*name) name = c->id.tenant; /* a tenant asks for its own */
+  if (gs_store_name_valid(name, "tenant", e) < 0) return -1;
+  if (!c->id.admin && strcmp(name, c->id.tenant) != 0)
+    return gs_err_set(e, GS_PERMISSION_DENIED, "tenant",
+                      "uid %" PRIu32 " acts as tenant %s and cannot read tenant %s's quota",
+                      c->peer->uid, c->id.tenant, name);
+  Gpushare__V1__GetQuotaResponse *m = AR_MSG(&c->ar, Gpushare__V1__GetQuotaResponse,
+                                             GPUSHARE__V1__GET_QUOTA_RESPONSE__INIT);
+  if (!m) return oom(c, e);
+  if (tenant_reply(c, name, &m->tenant, e) < 0) return -1;
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_GET_QUOTA;
+  c->resp->get_quota = m;
+  return 0;
+}
+
+int gs_rpc_create_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__CreateVdevRequest *r = rq->create_vdev;
+  if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
+  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
+  const char *devname = r->device && *r->device ? r->device : "cpu";
+  const gs_device *dev = gs_devices_find(&c->d->devices, devname);
+  if (!dev) {
+    char known[256] = "";
+    size_t o = 0;
+    for (size_t i = 0; i < c->d->devices.n && o < sizeof known; i++)
+      o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", i ? ", " : "",
+                            c->d->devices.dev[i].name);
+    return gs_err_set(e, GS_NOT_FOUND, "device",
+                      "no device named \"%.40s\" on this machine; devices: %s (gpuctl devices)",
+                      devname, known);
+  }
+  if (!r->has_memory_limit || r->memory_limit == 0)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "memory_limit",
+                      "memory_limit is missing or 0: give the vdev's size, e.g. 4GiB");
+  if (!r->has_compute_share)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "compute_share",
+                      "compute_share is missing: give a percent of the device, 1..100");
+  if (r->has_policy && r->policy != GPUSHARE__V1__POLICY__PREALLOCATE &&
+      r->policy != GPUSHARE__V1__POLICY__GROWTH)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "policy",
+                      "policy %d is not PREALLOCATE (0) or GROWTH (1)", (int)r->policy);
+  gs_vdev v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "%s", r->name);
+  snprintf(v.device, sizeof v.device, "%s", dev->name);
+  snprintf(v.tenant, sizeof v.tenant, "%s", r->tenant);
+  v.memory_limit = r->memory_limit;
+  v.compute_share = r->compute_share;
+  v.policy = r->has_policy && r->policy == GPUSHARE__V1__POLICY__GROWTH ? 1 : 0;
+  gs_device_limits lim = {.usable = dev->usable, .oversubscribed = dev->oversubscribed};
+  if (gs_store_vdev_create(c->d->store, &v, &lim, e) < 0) return -1;
+  gs_vdev got;
+  if (gs_store_vdev_get(c->d->store, v.name, &got, e) < 0) return -1;
+  Gpushare__V1__CreateVdevResponse *m = AR_MSG(&c->ar, Gpushare__V1__CreateVdevResponse,
+                                               GPUSHARE__V1__CREATE_VDEV_RESPONSE__INIT);
+  if (!m || !(m->vdev = vdev_msg(c->d, &c->ar, &got))) return oom(c, e);
+  gs_info("vdev %s created on %s for tenant %s: %" PRIu64 " bytes, compute %" PRIu32 "%%, %s",
+          v.name, v.device, v.tenant, v.memory_limit, v.compute_share,
+          v.policy ? "growth" : "preallocate");
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CREATE_VDEV;
+  c->resp->create_vdev = m;
+  gs_exec_events_vdevs_changed(c->d);
+  return 0;
+}
+
+int gs_rpc_list_vdevs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  (void)rq;
+  gs_vdev *list;
+  size_t n;
+  if (gs_store_vdev_list(c->d->store, &list, &n, e) < 0) return -1;
+  Gpushare__V1__ListVdevsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListVdevsResponse,
+                                              GPUSHARE__V1__LIST_VDEVS_RESPONSE__INIT);
+  if (m) m->vdev = ar_alloc(&c->ar, n * sizeof *m->vdev + 1);
+  for (size_t i = 0; m && m->vdev && i < n; i++) {
+    if (!c->id.admin && strcmp(list[i].tenant, c->id.tenant) != 0) continue;
+    m->vdev[m->n_vdev++] = vdev_msg(c->d, &c->ar, &list[i]);
+  }
+  free(list);
+  if (!m || c->ar.failed) return oom(c, e);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_VDEVS;
+  c->resp->list_vdevs = m;
+  return 0;
+}
+
+int gs_rpc_delete_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const char *name = rq->delete_vdev->name;
+  if (gs_store_name_valid(name, "name", e) < 0) return -1;
+  if (gs_store_vdev_delete(c->d->store, name, e) < 0) return -1;
+  gs_info("vdev %s deleted by uid %" PRIu32, name, c->peer->uid);
+  gs_exec_events_vdevs_changed(c->d);
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_VDEV;
+  c->resp->delete_vdev = AR_MSG(&c->ar, Gpushare__V1__DeleteVdevResponse,
+                                GPUSHARE__V1__DELETE_VDEV_RESPONSE__INIT);
+  return c->resp->delete_vdev ? 0 : oom(c, e);
+}
+
+int gs_rpc_metrics(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  (void)rq;
+  char *text;
+  if (gs_metrics_text(c->d, &text, e) < 0) return -1;
+  Gpushare__V1__MetricsResponse *m =
+      AR_MSG(&c->ar, Gpushare__V1__MetricsResponse, GPUSHARE__V1__METRICS_RESPONSE__INIT);
+  if (m) m->text = ar_strdup(&c->ar, text);
+  free(text);
+  if (!m || !m->text) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_METRICS;
+  c->resp->metrics = m;
+  return 0;
+}

@@ -1,0 +1,84 @@
+/*
+ * sched.h: the scheduler, a pure function (DESIGN.md section 6).
+ *
+ * In: the jobs that are QUEUED or RUNNING (vdev, tenant, priority, age,
+ * planned peak), the vdevs (memory limit, and whether their device's
+ * executor is up to take a job), the tenants' quotas (max_running). Out:
+ * for each queued job, whether it starts now or why it waits. No store, no
+ * loop, no I/O: exec_events.c gathers the inputs, calls gs_sched_run and
+ * starts what it says.
+ *
+ * The rule: each vdev's queue runs by priority (higher first), then submit
+ * time, then id. Its jobs start while the planned peaks of the jobs
+ * running in the vdev plus the next one's fit the vdev's memory limit and
+ * the tenant is under max_running (counted over all its vdevs, the jobs
+ * started in this same run included). The first job of a queue that must
+ * wait blocks the ones behind it, so a large job is never starved by
+ * smaller later ones. Vdevs are taken in the order given.
+ */
+#ifndef GS_SCHED_H
+#define GS_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef enum gs_sched_state { GS_SCHED_QUEUED, GS_SCHED_RUNNING } gs_sched_state;
+
+typedef struct gs_sched_job {
+  uint64_t id;
+  const char *tenant;
+  const char *vdev;
+  gs_sched_state state;
+  int32_t priority;        /* higher runs first */
+  int64_t submitted;       /* unix seconds; earlier runs first at equal priority */
+  uint64_t planned_peak;   /* bytes the job holds in its vdev */
+} gs_sched_job;
+
+typedef struct gs_sched_vdev {
+  const char *name;
+  uint64_t memory_limit;
+  bool ready;              /* its device's executor is up and can take a job */
+} gs_sched_vdev;
+
+typedef struct gs_sched_quota {
+  const char *tenant;
+  uint32_t max_running;    /* 0: no limit */
+} gs_sched_quota;
+
+typedef enum gs_sched_reason {
+  GS_SCHED_START,          /* starts now */
+  GS_SCHED_WAIT_MEMORY,    /* its peak does not fit beside the vdev's running jobs */
+  GS_SCHED_WAIT_MAX_RUNNING, /* its tenant runs max_running jobs */
+  GS_SCHED_WAIT_BEHIND,    /* a job ahead of it in the vdev's queue waits */
+  GS_SCHED_WAIT_EXECUTOR,  /* the vdev's device has no executor up */
+  GS_SCHED_WAIT_NO_VDEV,   /* its vdev does not exist */
+  GS_SCHED_WAIT_NO_TENANT, /* its tenant has no quota row (deleted) */
+} gs_sched_reason;
+
+typedef struct gs_sched_decision {
+  uint64_t job;
+  const char *vdev;        /* the job's vdev (borrowed from the input) */
+  gs_sched_reason why;
+} gs_sched_decision;
+
+typedef struct gs_sched_input {
+  const gs_sched_job *jobs;
+  size_t n_jobs;
+  const gs_sched_vdev *vdevs;
+  size_t n_vdevs;
+  const gs_sched_quota *quotas;
+  size_t n_quotas;
+} gs_sched_input;
+
+/* One decision per queued job of in, into out (room for in->n_jobs): the
+ * jobs that start first, in the order they are to start, then the ones that
+ * wait. *n_out is how many were written. 0, or -1 with e set (out of
+ * memory). */
+int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out, gs_err *e);
+/* The reason in words ("waits for memory: ..."), static text. */
+const char *gs_sched_reason_text(gs_sched_reason why);
+
+#endif

@@ -1,0 +1,444 @@
+/* test_rpc.c: the control plane's calls through the real dispatcher
+ * (gs_rpc_handle) on a daemon with a store in a temporary state directory
+ * and no executors: an admin sets up a tenant, its quota and a vdev; a
+ * tenant plans and submits a synthetic job (stored QUEUED: nothing runs it
+ * here); bad input comes back INVALID_ARGUMENT with the field path; a
+ * tenant sees none of another's jobs. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/config.h"
+#include "control/daemon.h"
+#include "control/datasets.h"
+#include "control/job.h"
+#include "control/rpc.h"
+#include "control/store.h"
+#include "proto/wire.h"
+
+#define MiB (1ull << 20)
+
+static char dir[64];
+static gs_daemon d;
+static uv_loop_t loop;
+static const gs_peer admin = {.pid = 1, .uid = 0, .gid = 0, .gids = {0}, .n_gids = 1};
+static const gs_peer alice = {.pid = 2, .uid = 1000, .gid = 1000, .gids = {1000}, .n_gids = 1};
+static const gs_peer bob = {.pid = 3, .uid = 1001, .gid = 1001, .gids = {1001}, .n_gids = 1};
+static const gs_peer nobody = {.pid = 4, .uid = 1002, .gid = 1002, .gids = {1002}, .n_gids = 1};
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/gs-test-rpc-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  memset(&d, 0, sizeof d);
+  gs_config_defaults(&d.cfg);
+  snprintf(d.cfg.state_dir, sizeof d.cfg.state_dir, "%s", dir);
+  uv_loop_init(&loop);
+  d.loop = &loop;
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_store_open(dir, &d.store, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_devices_discover(&d.cfg, &d.devices, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_datasets_init(&d, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_jobs_load(&d, &e), 0, "%s", e.msg);
+}
+
+static void teardown(void) {
+  gs_rpc_free(&d);
+  gs_jobs_free(&d);
+  gs_store_close(d.store);
+  uv_loop_close(&loop);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* One call as peer: the request packed, dispatched, the answer unpacked. */
+static Gpushare__V1__Response *call(const gs_peer *peer, Gpushare__V1__Request *rq) {
+  rq->has_id = 1;
+  rq->id = 7;
+  size_t n = gpushare__v1__request__get_packed_size(rq);
+  uint8_t *body = malloc(n + 1);
+  cr_assert_not_null(body);
+  gpushare__v1__request__pack(rq, body);
+  uint8_t *frame = NULL;
+  size_t flen = 0;
+  cr_assert_eq(gs_rpc_handle(&d, NULL, peer, body, n, &frame, &flen), 0);
+  free(body);
+  cr_assert_not_null(frame, "no answer");
+  gs_err e;
+  gs_err_clear(&e);
+  Gpushare__V1__Response *r = gs_wire_unpack_response(frame + 4, flen - 4, &e);
+  free(frame);
+  cr_assert_not_null(r, "%s", e.msg);
+  cr_assert(r->has_id && r->id == 7, "the request id is echoed");
+  return r;
+}
+
+static void expect_ok(const Gpushare__V1__Response *r) {
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__OK, "code %d: %s (%s)", (int)r->code,
+               r->message ? r->message : "", r->field ? r->field : "");
+}
+
+static void expect_err(const Gpushare__V1__Response *r, Gpushare__V1__Code code,
+                       const char *field) {
+  cr_assert_eq(r->code, code, "code %d, want %d: %s", (int)r->code, (int)code,
+               r->message ? r->message : "");
+  cr_assert(r->message && r->message[0], "a refusal says why");
+  cr_assert_str_eq(r->field ? r->field : "", field);
+}
+
+static void create_tenant(const char *name, uint32_t uid, uint32_t max_queued) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__CreateTenantRequest ct = GPUSHARE__V1__CREATE_TENANT_REQUEST__INIT;
+  Gpushare__V1__Quota q = GPUSHARE__V1__QUOTA__INIT;
+  q.has_memory_bytes = q.has_compute_share = 1;
+  q.memory_bytes = 512 * MiB;
+  q.compute_share = 100;
+  if (max_queued) {
+    q.has_max_queued = 1;
+    q.max_queued = max_queued;
+  }
+  ct.name = (char *)name;
+  ct.n_uids = 1;
+  ct.uids = &uid;
+  ct.quota = &q;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_CREATE_TENANT;
+  rq.create_tenant = &ct;
+  Gpushare__V1__Response *r = call(&admin, &rq);
+  expect_ok(r);
+  cr_assert_str_eq(r->create_tenant->tenant->name, name);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+static Gpushare__V1__Response *create_vdev(const gs_peer *p, const char *name, const char *tenant,
+                                           uint64_t limit) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__CreateVdevRequest cv = GPUSHARE__V1__CREATE_VDEV_REQUEST__INIT;
+  cv.name = (char *)name;
+  cv.tenant = (char *)tenant;
+  cv.device = "cpu";
+  cv.has_memory_limit = limit != 0;
+  cv.memory_limit = limit;
+  cv.has_compute_share = 1;
+  cv.compute_share = 50;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_CREATE_VDEV;
+  rq.create_vdev = &cv;
+  return call(p, &rq);
+}
+
+static void setup_alice_bob(void) {
+  create_tenant("alice", 1000, 0);
+  create_tenant("bob", 1001, 0);
+  Gpushare__V1__Response *r = create_vdev(&admin, "va", "alice", 256 * MiB);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = create_vdev(&admin, "vb", "bob", 256 * MiB);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+/* A synthetic job of a few KiB: 8x8x1 in, dense 32, dense 4. */
+typedef struct spec_buf {
+  Gpushare__V1__JobSpec spec;
+  Gpushare__V1__Model model;
+  Gpushare__V1__InputShape in;
+  Gpushare__V1__Layer l[3], *lp[3];
+  Gpushare__V1__Flatten fl;
+  Gpushare__V1__Dense d1, d2;
+  Gpushare__V1__Dataset train;
+  Gpushare__V1__SyntheticDataset syn;
+} spec_buf;
+
+static void spec_init(spec_buf *s, uint64_t examples) {
+  *s = (spec_buf){.spec = GPUSHARE__V1__JOB_SPEC__INIT,
+                  .model = GPUSHARE__V1__MODEL__INIT,
+                  .in = GPUSHARE__V1__INPUT_SHAPE__INIT,
+                  .fl = GPUSHARE__V1__FLATTEN__INIT,
+                  .d1 = GPUSHARE__V1__DENSE__INIT,
+                  .d2 = GPUSHARE__V1__DENSE__INIT,
+                  .train = GPUSHARE__V1__DATASET__INIT,
+                  .syn = GPUSHARE__V1__SYNTHETIC_DATASET__INIT};
+  for (int i = 0; i < 3; i++) {
+    s->l[i] = (Gpushare__V1__Layer)GPUSHARE__V1__LAYER__INIT;
+    s->lp[i] = &s->l[i];
+  }
+  s->in.has_height = s->in.has_width = s->in.has_channels = 1;
+  s->in.height = s->in.width = 8;
+  s->in.channels = 1;
+  s->l[0].kind_case = GPUSHARE__V1__LAYER__KIND_FLATTEN;
+  s->l[0].flatten = &s->fl;
+  s->d1.has_units = s->d2.has_units = 1;
+  s->d1.units = 32;
+  s->d2.units = 4;
+  s->l[1].kind_case = s->l[2].kind_case = GPUSHARE__V1__LAYER__KIND_DENSE;
+  s->l[1].dense = &s->d1;
+  s->l[2].dense = &s->d2;
+  s->model.input = &s->in;
+  s->model.n_layer = 3;
+  s->model.layer = s->lp;
+  s->syn.has_examples = s->syn.has_classes = 1;
+  s->syn.examples = examples;
+  s->syn.classes = 4;
+  s->train.source_case = GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC;
+  s->train.synthetic = &s->syn;
+  s->spec.name = "tiny";
+  s->spec.model = &s->model;
+  s->spec.train = &s->train;
+}
+
+static Gpushare__V1__Response *submit(const gs_peer *p, Gpushare__V1__JobSpec *spec) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__SubmitRequest sr = GPUSHARE__V1__SUBMIT_REQUEST__INIT;
+  sr.spec = spec;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_SUBMIT;
+  rq.submit = &sr;
+  return call(p, &rq);
+}
+
+static Gpushare__V1__Response *job_status(const gs_peer *p, uint64_t id) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__JobStatusRequest js = GPUSHARE__V1__JOB_STATUS_REQUEST__INIT;
+  js.has_id = 1;
+  js.id = id;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_JOB_STATUS;
+  rq.job_status = &js;
+  return call(p, &rq);
+}
+
+TestSuite(rpc, .init = setup, .fini = teardown);
+
+Test(rpc, admin_sets_up_tenant_quota_vdev) {
+  create_tenant("alice", 1000, 0);
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__SetQuotaRequest sq = GPUSHARE__V1__SET_QUOTA_REQUEST__INIT;
+  Gpushare__V1__Quota q = GPUSHARE__V1__QUOTA__INIT;
+  q.has_max_running = 1;
+  q.max_running = 3;
+  sq.tenant = "alice";
+  sq.quota = &q;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_SET_QUOTA;
+  rq.set_quota = &sq;
+  Gpushare__V1__Response *r = call(&admin, &rq);
+  expect_ok(r);
+  cr_assert_eq(r->set_quota->tenant->quota->max_running, 3);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  r = create_vdev(&admin, "va", "alice", 256 * MiB);
+  expect_ok(r);
+  cr_assert_str_eq(r->create_vdev->vdev->name, "va");
+  cr_assert_eq(r->create_vdev->vdev->memory_limit, 256 * MiB);
+  cr_assert_eq(r->create_vdev->vdev->memory_in_use, 0, "no executor has reported");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* The tenant reads its own quota and vdevs. */
+  Gpushare__V1__Request lq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__ListVdevsRequest lv = GPUSHARE__V1__LIST_VDEVS_REQUEST__INIT;
+  lq.call_case = GPUSHARE__V1__REQUEST__CALL_LIST_VDEVS;
+  lq.list_vdevs = &lv;
+  r = call(&alice, &lq);
+  expect_ok(r);
+  cr_assert_eq(r->list_vdevs->n_vdev, 1);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* ... but is no admin. */
+  r = create_vdev(&alice, "vx", "alice", 64 * MiB);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__PERMISSION_DENIED);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, plan_and_submit_store_the_job_queued) {
+  setup_alice_bob();
+  spec_buf s;
+  spec_init(&s, 256);
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__PlanRequest pr = GPUSHARE__V1__PLAN_REQUEST__INIT;
+  pr.spec = &s.spec;
+  pr.vdev = "va";
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_PLAN;
+  rq.plan = &pr;
+  Gpushare__V1__Response *r = call(&alice, &rq);
+  expect_ok(r);
+  cr_assert(r->plan_result->plan->fits);
+  cr_assert_eq(r->plan_result->plan->limit_bytes, 256 * MiB);
+  uint64_t peak = r->plan_result->plan->peak_bytes;
+  cr_assert_gt(peak, 0);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  r = submit(&alice, &s.spec);
+  expect_ok(r);
+  const Gpushare__V1__Job *j = r->submit->job;
+  cr_assert_eq(j->id, 1);
+  cr_assert_eq(j->state, GPUSHARE__V1__JOB_STATE__QUEUED, "no executor: it waits");
+  cr_assert_str_eq(j->tenant, "alice");
+  cr_assert_str_eq(j->vdev, "va", "the tenant's only vdev");
+  cr_assert_eq(j->planned_peak_bytes, peak);
+  cr_assert_null(j->spec, "the answer leaves the spec out");
+  cr_assert(r->submit->plan && r->submit->plan->fits);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* In the store, QUEUED, with its record. */
+  gs_job_row *rows;
+  size_t n;
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_store_job_list(d.store, &rows, &n, &e), 0, "%s", e.msg);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(rows[0].state, GPUSHARE__V1__JOB_STATE__QUEUED);
+  cr_assert_str_eq(rows[0].tenant, "alice");
+  gs_job_rows_free(rows, n);
+
+  r = job_status(&alice, 1);
+  expect_ok(r);
+  cr_assert_eq(r->job_status->job->state, GPUSHARE__V1__JOB_STATE__QUEUED);
+  cr_assert_not_null(r->job_status->job->spec);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* Cancelled while queued: it ends at once. */
+  Gpushare__V1__Request cq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__CancelRequest cr = GPUSHARE__V1__CANCEL_REQUEST__INIT;
+  cr.has_id = 1;
+  cr.id = 1;
+  cq.call_case = GPUSHARE__V1__REQUEST__CALL_CANCEL;
+  cq.cancel = &cr;
+  r = call(&alice, &cq);
+  expect_ok(r);
+  cr_assert_eq(r->cancel->job->state, GPUSHARE__V1__JOB_STATE__CANCELLED);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = call(&alice, &cq);
+  expect_err(r, GPUSHARE__V1__CODE__FAILED_PRECONDITION, "cancel.id");
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, max_queued_refuses_the_next_submit) {
+  create_tenant("carol", 1000, 1);
+  Gpushare__V1__Response *r = create_vdev(&admin, "vc", "carol", 256 * MiB);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  spec_buf s;
+  spec_init(&s, 256);
+  r = submit(&alice, &s.spec);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__RESOURCE_EXHAUSTED, "submit.max_queued");
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, bad_input_names_the_field) {
+  setup_alice_bob();
+  Gpushare__V1__Response *r = create_vdev(&admin, "vz", "alice", 0);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "create_vdev.memory_limit");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = create_vdev(&admin, "bad name!", "alice", 64 * MiB);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "create_vdev.name");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  spec_buf s;
+  spec_init(&s, 0);
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.synthetic.examples");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  spec_init(&s, 256);
+  s.train.source_case = GPUSHARE__V1__DATASET__SOURCE_IDX;
+  Gpushare__V1__IdxFiles idx = GPUSHARE__V1__IDX_FILES__INIT;
+  idx.images = "/etc/passwd";
+  idx.labels = "/etc/shadow";
+  s.train.idx = &idx;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.idx.images");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  spec_init(&s, 256);
+  s.spec.vdev = "vb"; /* bob's */
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__NOT_FOUND, "submit.spec.vdev");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* A body that is no Request at all is answered, not dropped. */
+  uint8_t junk[] = {0xff, 0xff, 0xff};
+  uint8_t *frame = NULL;
+  size_t flen = 0;
+  cr_assert_eq(gs_rpc_handle(&d, NULL, &alice, junk, sizeof junk, &frame, &flen), 0);
+  gs_err e;
+  gs_err_clear(&e);
+  r = gs_wire_unpack_response(frame + 4, flen - 4, &e);
+  free(frame);
+  cr_assert_not_null(r);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "frame");
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, a_tenant_cannot_see_another_tenants_job) {
+  setup_alice_bob();
+  spec_buf s;
+  spec_init(&s, 256);
+  Gpushare__V1__Response *r = submit(&alice, &s.spec);
+  expect_ok(r);
+  uint64_t id = r->submit->job->id;
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  r = job_status(&bob, id);
+  expect_err(r, GPUSHARE__V1__CODE__NOT_FOUND, "job_status.id");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = job_status(&nobody, id);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__PERMISSION_DENIED, "no tenant, no admin");
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__ListJobsRequest lj = GPUSHARE__V1__LIST_JOBS_REQUEST__INIT;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_LIST_JOBS;
+  rq.list_jobs = &lj;
+  r = call(&bob, &rq);
+  expect_ok(r);
+  cr_assert_eq(r->list_jobs->n_job, 0);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  lj.has_all = lj.all = 1;
+  r = call(&bob, &rq);
+  expect_err(r, GPUSHARE__V1__CODE__PERMISSION_DENIED, "list_jobs.all");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = call(&admin, &rq);
+  expect_ok(r);
+  cr_assert_eq(r->list_jobs->n_job, 1);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = job_status(&admin, id);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* A watch streams on a connection; this call has none. */
+  Gpushare__V1__Request wq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__WatchRequest w = GPUSHARE__V1__WATCH_REQUEST__INIT;
+  w.has_id = 1;
+  w.id = id;
+  wq.call_case = GPUSHARE__V1__REQUEST__CALL_WATCH;
+  wq.watch = &w;
+  r = call(&bob, &wq);
+  expect_err(r, GPUSHARE__V1__CODE__NOT_FOUND, "watch.id");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = call(&alice, &wq);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__FAILED_PRECONDITION);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, metrics_count_the_queued_job) {
+  setup_alice_bob();
+  spec_buf s;
+  spec_init(&s, 256);
+  Gpushare__V1__Response *r = submit(&alice, &s.spec);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__MetricsRequest m = GPUSHARE__V1__METRICS_REQUEST__INIT;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_METRICS;
+  rq.metrics = &m;
+  r = call(&admin, &rq);
+  expect_ok(r);
+  cr_assert_not_null(strstr(r->metrics->text, "gpushare_jobs{state=\"QUEUED\"} 1\n"));
+  cr_assert_not_null(
+      strstr(r->metrics->text, "gpushare_vdev_queue_length{vdev=\"va\",device=\"cpu\",tenant=\"alice\"} 1\n"));
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = call(&alice, &rq);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__PERMISSION_DENIED);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
