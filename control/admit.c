@@ -129,13 +129,13 @@ static gs_alloc_policy vdev_policy(const gs_vdev *v) {
 }
 
 /* protobuf-c allocations from the request's arena, freed with it. */
-static void *ar_pb_alloc(void *a, size_t n) { return ar_alloc(a, n); }
-static void ar_pb_free(void *a, void *p) { (void)a, (void)p; }
+static void *arena_pb_alloc(void *a, size_t n) { return gs_call_alloc(a, n); }
+static void arena_pb_free(void *a, void *p) { (void)a, (void)p; }
 
 /* The plan as a message in the request's arena (runtime/spec_pb.c's, with
  * present/'s table as its summary); fits is judged for a vdev of `limit`
  * bytes and `policy` (always true without a limit). */
-static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
+static Gpushare__V1__Plan *plan_msg(gs_call_arena *a, const gs_plan *p, uint64_t limit,
                                     gs_alloc_policy policy) {
   Gpushare__V1__Plan *m = NULL, *out = NULL;
   if (gs_spec_pb_plan(p, limit, policy, &m) < 0) return NULL;
@@ -144,7 +144,7 @@ static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
   uint8_t *buf = malloc(n ? n : 1);
   if (buf) {
     gpushare__v1__plan__pack(m, buf);
-    ProtobufCAllocator al = {.alloc = ar_pb_alloc, .free = ar_pb_free, .allocator_data = a};
+    ProtobufCAllocator al = {.alloc = arena_pb_alloc, .free = arena_pb_free, .allocator_data = a};
     out = gpushare__v1__plan__unpack(&al, n, buf);
   }
   free(buf);
@@ -154,7 +154,7 @@ static Gpushare__V1__Plan *plan_msg(arena *a, const gs_plan *p, uint64_t limit,
 
 /* ------------------------------------------------------------- entries --- */
 
-int gs_admit_plan(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
+int gs_admit_plan(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
                   Gpushare__V1__Plan **out, gs_err *e) {
   uint64_t limit = 0;
   gs_alloc_policy policy = GS_POLICY_GROWTH; /* no vdev, no limit: it fits */
@@ -193,7 +193,7 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
   return rc;
 }
 
-int gs_admit_job(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
+int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
                  gs_err *e) {
   memset(out, 0, sizeof *out);
   gs_admission adm;

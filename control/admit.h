@@ -28,7 +28,7 @@ typedef struct gs_admit {
 
 /* The plan of spec as a message from the arena; fits judged for vdev's
  * limit and policy (vdev NULL: no limit). Errors name spec.* fields. */
-int gs_admit_plan(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
+int gs_admit_plan(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
                   Gpushare__V1__Plan **out, gs_err *e);
 /* Submit's checks: the model builds, the datasets exist (the tenant's),
  * match the model's input and classes, and hold one effective batch. */
@@ -36,7 +36,7 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
                    gs_err *e);
 /* Admission of spec in vdev v (auto_fit as the spec asks). 0 with out
  * filled (out->fits false: refused, out->why says why), or -1 with e. */
-int gs_admit_job(arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
+int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
                  gs_err *e);
 /* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
  * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */

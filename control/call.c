@@ -5,18 +5,18 @@
 
 #include "control/call.h"
 
-struct ar_chunk {
-  struct ar_chunk *next;
+struct gs_call_chunk {
+  struct gs_call_chunk *next;
   size_t used, cap;
   _Alignas(16) unsigned char data[];
 };
 
 
-void *ar_alloc(arena *a, size_t n) {
+void *gs_call_alloc(gs_call_arena *a, size_t n) {
   n = (n + 15) & ~(size_t)15;
   if (!a->head || a->head->cap - a->head->used < n) {
     size_t cap = n > 16384 ? n : 16384;
-    ar_chunk *c = malloc(sizeof *c + cap);
+    gs_call_chunk *c = malloc(sizeof *c + cap);
     if (!c) {
       a->failed = true;
       return NULL;
@@ -32,29 +32,29 @@ void *ar_alloc(arena *a, size_t n) {
   return p;
 }
 
-char *ar_strdup(arena *a, const char *s) {
+char *gs_call_strdup(gs_call_arena *a, const char *s) {
   size_t n = strlen(s) + 1;
-  char *p = ar_alloc(a, n);
+  char *p = gs_call_alloc(a, n);
   if (p) memcpy(p, s, n);
   return p;
 }
 
-void ar_free(arena *a) {
-  for (ar_chunk *c = a->head, *n; c; c = n) {
+void gs_call_arena_free(gs_call_arena *a) {
+  for (gs_call_chunk *c = a->head, *n; c; c = n) {
     n = c->next;
     free(c);
   }
   a->head = NULL;
 }
 
-void *ar_memdup(arena *a, const void *p, size_t n) {
-  void *q = ar_alloc(a, n ? n : 1);
+void *gs_call_memdup(gs_call_arena *a, const void *p, size_t n) {
+  void *q = gs_call_alloc(a, n ? n : 1);
   if (q && n) memcpy(q, p, n);
   return q;
 }
 
-void *ar_init(arena *a, size_t n, const void *init) {
-  void *p = ar_alloc(a, n);
+void *gs_call_msg_init(gs_call_arena *a, size_t n, const void *init) {
+  void *p = gs_call_alloc(a, n);
   if (p) memcpy(p, init, n);
   return p;
 }

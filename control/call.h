@@ -2,7 +2,7 @@
  * call.h: one request's call context, shared by the dispatcher (rpc.c) and
  * the handlers (rpc_admin.c, rpc_jobs.c, rpc_datasets.c).
  *
- * A handler gets a call_ctx: the daemon, the peer and the identity auth.c
+ * A handler gets a gs_call: the daemon, the peer and the identity auth.c
  * gave it, the connection it came on (opaque: what a handler may do with it
  * is in server.h), the request's id, and a per-request arena. Protobuf-c
  * result messages are built in the arena and freed in one go once the
@@ -20,34 +20,34 @@
 #include "proto/gpushare.pb-c.h"
 
 /* The per-request arena. */
-typedef struct ar_chunk ar_chunk;
-typedef struct arena {
-  ar_chunk *head;
+typedef struct gs_call_chunk gs_call_chunk;
+typedef struct gs_call_arena {
+  gs_call_chunk *head;
   bool failed; /* an allocation failed: the handler's result is not sent */
-} arena;
+} gs_call_arena;
 
-void *ar_alloc(arena *a, size_t n);   /* zeroed, 16-byte aligned */
-char *ar_strdup(arena *a, const char *s);
-void *ar_memdup(arena *a, const void *p, size_t n);
-void ar_free(arena *a);
-void *ar_init(arena *a, size_t n, const void *init);
+void *gs_call_alloc(gs_call_arena *a, size_t n);   /* zeroed, 16-byte aligned */
+char *gs_call_strdup(gs_call_arena *a, const char *s);
+void *gs_call_memdup(gs_call_arena *a, const void *p, size_t n);
+void gs_call_arena_free(gs_call_arena *a);
+void *gs_call_msg_init(gs_call_arena *a, size_t n, const void *init);
 /* A protobuf-c message of type T from the arena, set to its INIT value. */
-#define AR_MSG(a, T, INIT) ((T *)ar_init((a), sizeof(T), &(T)INIT))
+#define GS_CALL_MSG(a, T, INIT) ((T *)gs_call_msg_init((a), sizeof(T), &(T)INIT))
 
 typedef struct gs_conn gs_conn; /* a client connection (server.c); NULL outside one */
 
-typedef struct call_ctx {
+typedef struct gs_call {
   gs_daemon *d;
   const gs_peer *peer;
   gs_conn *conn;     /* for streams (watch) and per-connection state (uploads) */
   uint64_t req_id;   /* the request's id, echoed */
   gs_identity id;
-  arena ar;
+  gs_call_arena ar;
   Gpushare__V1__Response *resp;
   bool deferred;     /* the handler answers later (a stream); send nothing now */
-} call_ctx;
+} gs_call;
 
 /* Handlers: fill c->resp's result (from c->ar) and return 0, or fill e. */
-typedef int (*gs_rpc_handler)(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
+typedef int (*gs_rpc_handler)(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 
 #endif

@@ -15,9 +15,16 @@
 #ifndef GS_CONFIG_H
 #define GS_CONFIG_H
 
+#include <limits.h>
 #include <stdint.h>
 
 #include "common/error.h"
+
+/* The longest state directory: PATH_MAX less room for the longest name
+ * gpushared makes under it (jobs/ID/checkpoint.ckpt.tmp,
+ * datasets/SHA256, uploads/...), so every such path fits a PATH_MAX
+ * buffer whole. */
+#define GS_STATE_DIR_MAX (PATH_MAX - 256)
 
 /* Read when gpushared is started without --config, at start and again at
    each SIGHUP; a missing file there means "all defaults" (gpushared.service
@@ -27,7 +34,7 @@
 
 typedef struct gs_config {
   char socket_path[108];     /* default: $GPUSHARE_SOCKET, else /run/gpushared.sock */
-  char state_dir[4096];      /* default /var/lib/gpushared */
+  char state_dir[GS_STATE_DIR_MAX]; /* default /var/lib/gpushared */
   char socket_group[64];     /* group owning the socket; default "gpushare" (if the group does not exist: keep the daemon's group and log) */
   unsigned socket_mode;      /* default 0660 */
   char admin_group[64];      /* default "gpushare-admin" */

@@ -9,6 +9,7 @@
 #ifndef GS_DAEMON_H
 #define GS_DAEMON_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -27,7 +28,7 @@ typedef struct gs_watches gs_watches;
 
 typedef struct gs_daemon {
   gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
-  char config_path[4096];   /* the file read; "" when running on defaults */
+  char config_path[PATH_MAX];   /* the file read; "" when running on defaults */
   bool config_named;        /* --config named it, so it must exist at a reload too;
                                false: GS_CONFIG_DEFAULT_PATH, and a missing one means
                                defaults, at start and at a reload alike */

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ void gs_dataset_blob_path(const gs_daemon *d, const char *sha256, char *buf, siz
 }
 
 int gs_datasets_init(gs_daemon *d, gs_err *e) {
-  char dir[4200];
+  char dir[PATH_MAX];
   const char *subs[] = {"datasets", "uploads"};
   for (size_t i = 0; i < 2; i++) {
     gs_datasets_dir(d, subs[i], dir, sizeof dir);

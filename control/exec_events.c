@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,7 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
   gs_err e;
   gs_err_clear(&e);
   const Gpushare__V1__Job *r = j->rec;
-  char ti[4200], tl[4200], vi[4200], vl[4200], ck[4200], ex[4200], dir[4200];
+  char ti[PATH_MAX], tl[PATH_MAX], vi[PATH_MAX], vl[PATH_MAX], ck[PATH_MAX], ex[PATH_MAX], dir[PATH_MAX];
   if (gs_datasets_resolve_set(d, r->tenant, r->spec->train, "spec.train", ti, tl, sizeof ti, &e) < 0 ||
       gs_datasets_resolve_set(d, r->tenant, r->spec->test, "spec.test", vi, vl, sizeof vi, &e) < 0) {
     gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__FAILED, e.msg);
@@ -89,7 +90,7 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
   Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
   m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_START;
   m.start = &s;
-  if (gs_executor_send(d->execs->exec[dev], &m) < 0) {
+  if (gs_supervisor_send(d->execs->exec[dev], &m) < 0) {
     j->resume_pending = true; /* sent again once the executor is back */
     return;
   }
@@ -100,7 +101,7 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
 static bool vdev_ready(gs_daemon *d, const gs_vdev *v, size_t *dev) {
   *dev = device_of_vdev(d, v->device);
   gs_executor *x = *dev == SIZE_MAX ? NULL : exec_of(d, *dev);
-  return x && gs_executor_ready(x);
+  return x && gs_supervisor_ready(x);
 }
 
 /* One pass: resume the RUNNING jobs that wait for their (ready) executor,
@@ -226,7 +227,7 @@ static void send_vdevs(gs_daemon *d, size_t dev) {
   Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
   m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SET_VDEVS;
   m.set_vdevs = &sv;
-  if (cfg && ptr) gs_executor_send(d->execs->exec[dev], &m);
+  if (cfg && ptr) gs_supervisor_send(d->execs->exec[dev], &m);
   free(cfg);
   free(ptr);
   free(vdevs);
@@ -235,7 +236,7 @@ static void send_vdevs(gs_daemon *d, size_t dev) {
 void gs_exec_events_vdevs_changed(gs_daemon *d) {
   if (!d->execs) return;
   for (size_t i = 0; i < d->devices.n; i++)
-    if (d->execs->exec[i] && gs_executor_ready(d->execs->exec[i])) send_vdevs(d, i);
+    if (d->execs->exec[i] && gs_supervisor_ready(d->execs->exec[i])) send_vdevs(d, i);
   gs_exec_events_schedule(d);
 }
 
@@ -254,7 +255,7 @@ void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who) {
     Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
     m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_CANCEL;
     m.cancel = &cj;
-    if (gs_executor_send(exec_of(d, (size_t)j->placed), &m) < 0) {
+    if (gs_supervisor_send(exec_of(d, (size_t)j->placed), &m) < 0) {
       gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, who);
       gs_exec_events_schedule(d);
     } else {
@@ -269,7 +270,7 @@ void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who) {
 /* ------------------------------------------------------ executor events --- */
 
 static void on_ready(gs_daemon *d, gs_executor *x) {
-  send_vdevs(d, gs_executor_device_index(x));
+  send_vdevs(d, gs_supervisor_device_index(x));
   gs_exec_events_schedule(d);
 }
 
@@ -399,7 +400,7 @@ static void maybe_loop_done(gs_daemon *d) {
  * 0 when it named none (killed from outside, out of memory). The file is
  * emptied once read, so an old crash never blames a later death. */
 static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
-  char path[4200];
+  char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/executor-%s.crash", d->cfg.state_dir,
            d->devices.dev[dev].name);
   FILE *f = fopen(path, "r+e");
@@ -413,7 +414,7 @@ static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
 
 static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned) {
   gs_jobs *J = d->jobs;
-  size_t dev = gs_executor_device_index(x);
+  size_t dev = gs_supervisor_device_index(x);
   uint64_t culprit = planned ? 0 : crash_culprit(d, dev);
   bool named = false; /* the culprit is one of the jobs it ran */
   for (uint64_t i = 0; i < J->cap && culprit; i++)
@@ -479,7 +480,7 @@ int gs_exec_events_init(gs_daemon *d, gs_err *e) {
   if (!X) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   d->execs = X;
   for (size_t i = 0; i < d->devices.n; i++)
-    if (gs_executor_start(d, i, &exec_events, &X->exec[i], e) < 0) return -1;
+    if (gs_supervisor_start(d, i, &exec_events, &X->exec[i], e) < 0) return -1;
   return 0;
 }
 
@@ -488,7 +489,7 @@ void gs_exec_events_shutdown(gs_daemon *d) {
   if (!X || X->shutting_down) return;
   X->shutting_down = true;
   for (size_t i = 0; i < d->devices.n; i++)
-    if (X->exec[i]) gs_executor_stop(X->exec[i]);
+    if (X->exec[i]) gs_supervisor_stop(X->exec[i]);
 }
 
 bool gs_exec_events_shutting_down(const gs_daemon *d) {
@@ -498,7 +499,7 @@ bool gs_exec_events_shutting_down(const gs_daemon *d) {
 void gs_exec_events_free(gs_daemon *d) {
   gs_execs *X = d->execs;
   if (!X) return;
-  for (size_t i = 0; i < d->devices.n; i++) gs_executor_free(X->exec[i]);
+  for (size_t i = 0; i < d->devices.n; i++) gs_supervisor_free(X->exec[i]);
   free(X->live);
   free(X);
   d->execs = NULL;
@@ -513,5 +514,5 @@ void gs_exec_events_vdev_live(const gs_daemon *d, const char *vdev, gs_vdev_live
 
 uint32_t gs_exec_events_restarts(const gs_daemon *d, size_t device) {
   gs_executor *x = exec_of(d, device);
-  return x ? gs_executor_restarts(x) : 0;
+  return x ? gs_supervisor_restarts(x) : 0;
 }

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,7 +246,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
   gs_jobs *J = calloc(1, sizeof *J);
   if (!J) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   d->jobs = J;
-  char dir[4200];
+  char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s/jobs", d->cfg.state_dir);
   if (mkdir(dir, 0750) < 0 && errno != EEXIST)
     return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot create %s: %s", dir,
@@ -285,7 +286,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
       gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__CANCELLED, why);
     }
   }
-  gs_job_rows_free(rows, n);
+  gs_store_job_rows_free(rows, n);
   if (n) gs_info("%zu jobs in the store: %u to resume, %u queued", n, resumed, queued);
   return 0;
 }

@@ -27,6 +27,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +132,7 @@ static void reload(gs_daemon *d) {
   /* Limits on connections in force now. */
   gs_server_limits_changed(d->server);
   resolve_admin(d);
-  char what[4200];
+  char what[PATH_MAX];
   if (!missing) {
     snprintf(what, sizeof what, "configuration reloaded from %s", path);
     if (path != d->config_path) snprintf(d->config_path, sizeof d->config_path, "%s", path);
@@ -201,7 +202,7 @@ static int daemonize(const char *state_dir, int *ready_fd) {
   }
   close(p[0]);
   setsid();
-  char log[4200];
+  char log[PATH_MAX];
   snprintf(log, sizeof log, "%s/gpushared.log", state_dir);
   mkdir(state_dir, 0750);
   int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
@@ -337,8 +338,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   {
-    char exe[4200], why[600];
-    int gpus = gs_devices_probe_gpus(&d.cfg, gs_executor_path(exe, sizeof exe), &d.devices,
+    char exe[PATH_MAX], why[600];
+    int gpus = gs_devices_probe_gpus(&d.cfg, gs_supervisor_path(exe, sizeof exe), &d.devices,
                                      why, sizeof why);
     if (gpus == 0) gs_info("no GPU device: %s; serving the cpu device", why);
   }

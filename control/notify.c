@@ -9,7 +9,7 @@
  * handful of times in its life (READY, STATUS, RELOADING, STOPPING,
  * WATCHDOG), so keeping one open buys nothing and costs a descriptor.
  *
- * gs_listen_fd checks what gpushared.socket handed over before trusting it:
+ * gs_notify_listen_fd checks what gpushared.socket handed over before trusting it:
  * fd 3 must be a listening AF_UNIX stream socket. A wrong fd (another unit
  * file, a stale environment inherited by a child) is refused with -1 so the
  * daemon binds its own socket instead of serving on something unexpected.
@@ -101,7 +101,7 @@ uint64_t gs_notify_watchdog_usec(void) {
   return usec;
 }
 
-int gs_listen_fd(void) {
+int gs_notify_listen_fd(void) {
   uint64_t pid = 0, nfds = 0;
   if (gs_notify__parse_u64(getenv("LISTEN_PID"), &pid) != 0) return -1;
   if (pid != (uint64_t)getpid()) return -1;

@@ -24,6 +24,6 @@ uint64_t gs_notify_watchdog_usec(void);
 /* Socket activation: if LISTEN_PID == getpid() and LISTEN_FDS >= 1, return the first
    fd (3) after checking it is a listening AF_UNIX stream socket (set CLOEXEC), and unset
    LISTEN_PID/LISTEN_FDS/LISTEN_FDNAMES; else -1. */
-int gs_listen_fd(void);
+int gs_notify_listen_fd(void);
 
 #endif

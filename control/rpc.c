@@ -31,7 +31,7 @@
 #include "common/size.h"
 #include "proto/wire.h"
 
-static int oom(call_ctx *c, gs_err *e) {
+static int oom(gs_call *c, gs_err *e) {
   (void)c;
   return gs_err_set(e, GS_INTERNAL, "", "gpushared ran out of memory building the response");
 }
@@ -120,7 +120,7 @@ int gs_rpc_handle(gs_daemon *d, gs_conn *conn, const gs_peer *peer, const uint8_
                   size_t len, uint8_t **frame, size_t *frame_len) {
   gs_err e;
   gs_err_clear(&e);
-  call_ctx c = {.d = d, .peer = peer, .conn = conn};
+  gs_call c = {.d = d, .peer = peer, .conn = conn};
   *frame = NULL;
   *frame_len = 0;
   Gpushare__V1__Response resp = GPUSHARE__V1__RESPONSE__INIT;
@@ -167,7 +167,7 @@ int gs_rpc_handle(gs_daemon *d, gs_conn *conn, const gs_peer *peer, const uint8_
   }
   int rc = c.deferred && e.code == GS_OK ? 0 : pack(&resp, frame, frame_len);
   if (rq) gpushare__v1__request__free_unpacked(rq, NULL);
-  ar_free(&c.ar);
+  gs_call_arena_free(&c.ar);
   return rc;
 }
 

@@ -18,15 +18,15 @@
 #include "control/metrics.h"
 #include "control/store.h"
 
-static int oom(call_ctx *c, gs_err *e) {
+static int oom(gs_call *c, gs_err *e) {
   (void)c;
   return gs_err_set(e, GS_INTERNAL, "", "gpushared ran out of memory building the response");
 }
 
 /* ------------------------------------------------------------ converters --- */
 
-static Gpushare__V1__Quota *quota_msg(arena *a, const gs_quota *q) {
-  Gpushare__V1__Quota *m = AR_MSG(a, Gpushare__V1__Quota, GPUSHARE__V1__QUOTA__INIT);
+static Gpushare__V1__Quota *quota_msg(gs_call_arena *a, const gs_quota *q) {
+  Gpushare__V1__Quota *m = GS_CALL_MSG(a, Gpushare__V1__Quota, GPUSHARE__V1__QUOTA__INIT);
   if (!m) return NULL;
   m->has_memory_bytes = m->has_compute_share = m->has_max_running = m->has_max_queued = 1;
   m->memory_bytes = q->memory;
@@ -36,15 +36,15 @@ static Gpushare__V1__Quota *quota_msg(arena *a, const gs_quota *q) {
   return m;
 }
 
-static Gpushare__V1__Tenant *tenant_msg(arena *a, const gs_tenant *t) {
-  Gpushare__V1__Tenant *m = AR_MSG(a, Gpushare__V1__Tenant, GPUSHARE__V1__TENANT__INIT);
+static Gpushare__V1__Tenant *tenant_msg(gs_call_arena *a, const gs_tenant *t) {
+  Gpushare__V1__Tenant *m = GS_CALL_MSG(a, Gpushare__V1__Tenant, GPUSHARE__V1__TENANT__INIT);
   if (!m) return NULL;
-  m->name = ar_strdup(a, t->name);
+  m->name = gs_call_strdup(a, t->name);
   m->n_uids = t->n_uids;
-  m->uids = ar_alloc(a, t->n_uids * sizeof *m->uids + 1);
+  m->uids = gs_call_alloc(a, t->n_uids * sizeof *m->uids + 1);
   if (m->uids && t->n_uids) memcpy(m->uids, t->uids, t->n_uids * sizeof *m->uids);
   m->n_gids = t->n_gids;
-  m->gids = ar_alloc(a, t->n_gids * sizeof *m->gids + 1);
+  m->gids = gs_call_alloc(a, t->n_gids * sizeof *m->gids + 1);
   if (m->gids && t->n_gids) memcpy(m->gids, t->gids, t->n_gids * sizeof *m->gids);
   m->quota = quota_msg(a, &t->quota);
   m->has_memory_allocated = m->has_compute_allocated = m->has_vdev_count = 1;
@@ -56,12 +56,12 @@ static Gpushare__V1__Tenant *tenant_msg(arena *a, const gs_tenant *t) {
   return m;
 }
 
-static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, arena *a, const gs_vdev *v) {
-  Gpushare__V1__Vdev *m = AR_MSG(a, Gpushare__V1__Vdev, GPUSHARE__V1__VDEV__INIT);
+static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, gs_call_arena *a, const gs_vdev *v) {
+  Gpushare__V1__Vdev *m = GS_CALL_MSG(a, Gpushare__V1__Vdev, GPUSHARE__V1__VDEV__INIT);
   if (!m) return NULL;
-  m->name = ar_strdup(a, v->name);
-  m->device = ar_strdup(a, v->device);
-  m->tenant = ar_strdup(a, v->tenant);
+  m->name = gs_call_strdup(a, v->name);
+  m->device = gs_call_strdup(a, v->device);
+  m->tenant = gs_call_strdup(a, v->tenant);
   m->has_memory_limit = m->has_compute_share = m->has_policy = m->has_created_unix = 1;
   m->memory_limit = v->memory_limit;
   m->compute_share = v->compute_share;
@@ -80,40 +80,40 @@ static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, arena *a, const gs_vdev *v) {
 
 /* ------------------------------------------------------------- handlers --- */
 
-int gs_rpc_version(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_version(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   Gpushare__V1__VersionResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__VersionResponse, GPUSHARE__V1__VERSION_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__VersionResponse, GPUSHARE__V1__VERSION_RESPONSE__INIT);
   if (!m) return oom(c, e);
-  m->version = ar_strdup(&c->ar, GS_VERSION);
+  m->version = gs_call_strdup(&c->ar, GS_VERSION);
   m->has_uid = m->has_admin = 1;
   m->uid = c->peer->uid;
   m->admin = c->id.admin;
-  if (c->id.tenant[0]) m->tenant = ar_strdup(&c->ar, c->id.tenant);
+  if (c->id.tenant[0]) m->tenant = gs_call_strdup(&c->ar, c->id.tenant);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_VERSION;
   c->resp->version = m;
   return 0;
 }
 
-int gs_rpc_list_devices(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_list_devices(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
-  Gpushare__V1__ListDevicesResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListDevicesResponse,
+  Gpushare__V1__ListDevicesResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListDevicesResponse,
                                                 GPUSHARE__V1__LIST_DEVICES_RESPONSE__INIT);
   if (!m) return oom(c, e);
   const gs_devices *ds = &c->d->devices;
-  m->device = ar_alloc(&c->ar, ds->n * sizeof *m->device);
+  m->device = gs_call_alloc(&c->ar, ds->n * sizeof *m->device);
   if (!m->device) return oom(c, e);
   for (size_t i = 0; i < ds->n; i++) {
     const gs_device *dv = &ds->dev[i];
     gs_device_usage u;
     if (gs_store_device_usage(c->d->store, dv->name, &u, e) < 0) return -1;
-    Gpushare__V1__Device *x = AR_MSG(&c->ar, Gpushare__V1__Device, GPUSHARE__V1__DEVICE__INIT);
+    Gpushare__V1__Device *x = GS_CALL_MSG(&c->ar, Gpushare__V1__Device, GPUSHARE__V1__DEVICE__INIT);
     if (!x) return oom(c, e);
-    x->name = ar_strdup(&c->ar, dv->name);
-    x->kind = ar_strdup(&c->ar, dv->kind);
-    x->model = ar_strdup(&c->ar, dv->model);
+    x->name = gs_call_strdup(&c->ar, dv->name);
+    x->kind = gs_call_strdup(&c->ar, dv->kind);
+    x->model = gs_call_strdup(&c->ar, dv->model);
     if (dv->compute_capability[0])
-      x->compute_capability = ar_strdup(&c->ar, dv->compute_capability);
+      x->compute_capability = gs_call_strdup(&c->ar, dv->compute_capability);
     x->has_total_bytes = x->has_usable_bytes = x->has_allocated_bytes = 1;
     x->has_compute_allocated = x->has_oversubscribed = x->has_vdev_count = 1;
     x->total_bytes = dv->total;
@@ -143,7 +143,7 @@ static void quota_from(const Gpushare__V1__Quota *m, gs_quota_update *u) {
   u->q.max_queued = m->max_queued;
 }
 
-int gs_rpc_create_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_create_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__CreateTenantRequest *r = rq->create_tenant;
   gs_tenant t;
   memset(&t, 0, sizeof t);
@@ -159,7 +159,7 @@ int gs_rpc_create_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e
   if (gs_store_tenant_create(c->d->store, &t, e) < 0) return -1;
   gs_tenant got;
   if (gs_store_tenant_get(c->d->store, r->name, &got, e) < 0) return -1;
-  Gpushare__V1__CreateTenantResponse *m = AR_MSG(&c->ar, Gpushare__V1__CreateTenantResponse,
+  Gpushare__V1__CreateTenantResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__CreateTenantResponse,
                                                  GPUSHARE__V1__CREATE_TENANT_RESPONSE__INIT);
   if (m) m->tenant = tenant_msg(&c->ar, &got);
   gs_tenant_clear(&got);
@@ -171,14 +171,14 @@ int gs_rpc_create_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e
   return 0;
 }
 
-int gs_rpc_list_tenants(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_list_tenants(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   gs_tenant *list;
   size_t n;
   if (gs_store_tenant_list(c->d->store, &list, &n, e) < 0) return -1;
-  Gpushare__V1__ListTenantsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListTenantsResponse,
+  Gpushare__V1__ListTenantsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListTenantsResponse,
                                                 GPUSHARE__V1__LIST_TENANTS_RESPONSE__INIT);
-  if (m) m->tenant = ar_alloc(&c->ar, n * sizeof *m->tenant + 1);
+  if (m) m->tenant = gs_call_alloc(&c->ar, n * sizeof *m->tenant + 1);
   for (size_t i = 0; m && m->tenant && i < n; i++) m->tenant[m->n_tenant++] = tenant_msg(&c->ar, &list[i]);
   gs_tenant_list_free(list, n);
   if (!m || c->ar.failed) return oom(c, e);
@@ -187,18 +187,18 @@ int gs_rpc_list_tenants(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e)
   return 0;
 }
 
-int gs_rpc_delete_tenant(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_delete_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->delete_tenant->name;
   if (gs_store_name_valid(name, "name", e) < 0) return -1;
   if (gs_store_tenant_delete(c->d->store, name, e) < 0) return -1;
   gs_info("tenant %s deleted by uid %" PRIu32, name, c->peer->uid);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_TENANT;
-  c->resp->delete_tenant = AR_MSG(&c->ar, Gpushare__V1__DeleteTenantResponse,
+  c->resp->delete_tenant = GS_CALL_MSG(&c->ar, Gpushare__V1__DeleteTenantResponse,
                                   GPUSHARE__V1__DELETE_TENANT_RESPONSE__INIT);
   return c->resp->delete_tenant ? 0 : oom(c, e);
 }
 
-static int tenant_reply(call_ctx *c, const char *name, Gpushare__V1__Tenant **out, gs_err *e) {
+static int tenant_reply(gs_call *c, const char *name, Gpushare__V1__Tenant **out, gs_err *e) {
   gs_tenant t;
   if (gs_store_tenant_get(c->d->store, name, &t, e) < 0) return -1;
   *out = tenant_msg(&c->ar, &t);
@@ -206,7 +206,7 @@ static int tenant_reply(call_ctx *c, const char *name, Gpushare__V1__Tenant **ou
   return *out ? 0 : oom(c, e);
 }
 
-int gs_rpc_set_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_set_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__SetQuotaRequest *r = rq->set_quota;
   if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
   gs_quota_update u;
@@ -216,7 +216,7 @@ int gs_rpc_set_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       "no quota field given: set memory_bytes, compute_share, max_running or "
                       "max_queued");
   if (gs_store_quota_set(c->d->store, r->tenant, &u, e) < 0) return -1;
-  Gpushare__V1__SetQuotaResponse *m = AR_MSG(&c->ar, Gpushare__V1__SetQuotaResponse,
+  Gpushare__V1__SetQuotaResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__SetQuotaResponse,
                                              GPUSHARE__V1__SET_QUOTA_RESPONSE__INIT);
   if (!m) return oom(c, e);
   if (tenant_reply(c, r->tenant, &m->tenant, e) < 0) return -1;
@@ -226,7 +226,7 @@ int gs_rpc_set_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_get_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_get_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->get_quota->tenant;
   if (!name || !*name) name = c->id.tenant; /* a tenant asks for its own */
   if (gs_store_name_valid(name, "tenant", e) < 0) return -1;
@@ -234,7 +234,7 @@ int gs_rpc_get_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
     return gs_err_set(e, GS_PERMISSION_DENIED, "tenant",
                       "uid %" PRIu32 " acts as tenant %s and cannot read tenant %s's quota",
                       c->peer->uid, c->id.tenant, name);
-  Gpushare__V1__GetQuotaResponse *m = AR_MSG(&c->ar, Gpushare__V1__GetQuotaResponse,
+  Gpushare__V1__GetQuotaResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__GetQuotaResponse,
                                              GPUSHARE__V1__GET_QUOTA_RESPONSE__INIT);
   if (!m) return oom(c, e);
   if (tenant_reply(c, name, &m->tenant, e) < 0) return -1;
@@ -243,7 +243,7 @@ int gs_rpc_get_quota(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_create_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_create_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__CreateVdevRequest *r = rq->create_vdev;
   if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
   if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
@@ -281,7 +281,7 @@ int gs_rpc_create_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) 
   if (gs_store_vdev_create(c->d->store, &v, &lim, e) < 0) return -1;
   gs_vdev got;
   if (gs_store_vdev_get(c->d->store, v.name, &got, e) < 0) return -1;
-  Gpushare__V1__CreateVdevResponse *m = AR_MSG(&c->ar, Gpushare__V1__CreateVdevResponse,
+  Gpushare__V1__CreateVdevResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__CreateVdevResponse,
                                                GPUSHARE__V1__CREATE_VDEV_RESPONSE__INIT);
   if (!m || !(m->vdev = vdev_msg(c->d, &c->ar, &got))) return oom(c, e);
   gs_info("vdev %s created on %s for tenant %s: %" PRIu64 " bytes, compute %" PRIu32 "%%, %s",
@@ -293,14 +293,14 @@ int gs_rpc_create_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) 
   return 0;
 }
 
-int gs_rpc_list_vdevs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_list_vdevs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   gs_vdev *list;
   size_t n;
   if (gs_store_vdev_list(c->d->store, &list, &n, e) < 0) return -1;
-  Gpushare__V1__ListVdevsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListVdevsResponse,
+  Gpushare__V1__ListVdevsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListVdevsResponse,
                                               GPUSHARE__V1__LIST_VDEVS_RESPONSE__INIT);
-  if (m) m->vdev = ar_alloc(&c->ar, n * sizeof *m->vdev + 1);
+  if (m) m->vdev = gs_call_alloc(&c->ar, n * sizeof *m->vdev + 1);
   for (size_t i = 0; m && m->vdev && i < n; i++) {
     if (!c->id.admin && strcmp(list[i].tenant, c->id.tenant) != 0) continue;
     m->vdev[m->n_vdev++] = vdev_msg(c->d, &c->ar, &list[i]);
@@ -312,25 +312,25 @@ int gs_rpc_list_vdevs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_delete_vdev(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->delete_vdev->name;
   if (gs_store_name_valid(name, "name", e) < 0) return -1;
   if (gs_store_vdev_delete(c->d->store, name, e) < 0) return -1;
   gs_info("vdev %s deleted by uid %" PRIu32, name, c->peer->uid);
   gs_exec_events_vdevs_changed(c->d);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_VDEV;
-  c->resp->delete_vdev = AR_MSG(&c->ar, Gpushare__V1__DeleteVdevResponse,
+  c->resp->delete_vdev = GS_CALL_MSG(&c->ar, Gpushare__V1__DeleteVdevResponse,
                                 GPUSHARE__V1__DELETE_VDEV_RESPONSE__INIT);
   return c->resp->delete_vdev ? 0 : oom(c, e);
 }
 
-int gs_rpc_metrics(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_metrics(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   char *text;
   if (gs_metrics_text(c->d, &text, e) < 0) return -1;
   Gpushare__V1__MetricsResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__MetricsResponse, GPUSHARE__V1__METRICS_RESPONSE__INIT);
-  if (m) m->text = ar_strdup(&c->ar, text);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__MetricsResponse, GPUSHARE__V1__METRICS_RESPONSE__INIT);
+  if (m) m->text = gs_call_strdup(&c->ar, text);
   free(text);
   if (!m || !m->text) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_METRICS;

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ typedef struct upload {
   const gs_conn *conn;  /* the connection that owns it (NULL: a call made outside one) */
   char tenant[GS_NAME_MAX + 1];
   char name[GS_NAME_MAX + 1];
-  char path[4200];      /* the .part file */
+  char path[PATH_MAX];      /* the .part file */
   int fd;
   gs_sha256 sha;
   uint64_t received, total; /* total 0: not announced */
@@ -83,13 +84,13 @@ void gs_rpc_datasets_free(gs_daemon *d) {
   d->uploads = NULL;
 }
 
-static Gpushare__V1__DatasetInfo *info_msg(arena *a, const gs_dataset_row *r) {
+static Gpushare__V1__DatasetInfo *info_msg(gs_call_arena *a, const gs_dataset_row *r) {
   Gpushare__V1__DatasetInfo *m =
-      AR_MSG(a, Gpushare__V1__DatasetInfo, GPUSHARE__V1__DATASET_INFO__INIT);
+      GS_CALL_MSG(a, Gpushare__V1__DatasetInfo, GPUSHARE__V1__DATASET_INFO__INIT);
   if (!m) return NULL;
-  m->name = ar_strdup(a, r->name);
-  m->tenant = ar_strdup(a, r->tenant);
-  m->sha256 = ar_strdup(a, r->sha256);
+  m->name = gs_call_strdup(a, r->name);
+  m->tenant = gs_call_strdup(a, r->tenant);
+  m->sha256 = gs_call_strdup(a, r->sha256);
   m->has_bytes = m->has_created_unix = 1;
   m->bytes = r->bytes;
   m->created_unix = r->created;
@@ -98,7 +99,7 @@ static Gpushare__V1__DatasetInfo *info_msg(arena *a, const gs_dataset_row *r) {
 
 /* The tenant a dataset call acts for: the caller's own (admins too: data
  * belongs to a tenant, and an admin who is no member has none). */
-static int acting_tenant(call_ctx *c, gs_err *e) {
+static int acting_tenant(gs_call *c, gs_err *e) {
   if (c->id.tenant[0]) return 0;
   return gs_err_set(e, GS_FAILED_PRECONDITION, "",
                     "uid %" PRIu32 " is not a member of any tenant; datasets belong to a tenant",
@@ -132,7 +133,7 @@ static int quota_check(gs_daemon *d, const char *tenant, const char *name, const
                     gs_size_format(lim, sz[2], sizeof sz[2]));
 }
 
-static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_dataset_row *row,
+static int commit_upload(gs_call *c, upload *u, const char *want_sha, gs_dataset_row *row,
                          gs_err *e) {
   gs_daemon *d = c->d;
   char sizes[2][32];
@@ -157,7 +158,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
     return gs_err_set(e, GS_INTERNAL, "", "fsync %s: %s", u->path, strerror(errno));
   close(u->fd);
   u->fd = -1;
-  char blob[4200];
+  char blob[PATH_MAX];
   gs_dataset_blob_path(d, hex, blob, sizeof blob);
   struct stat st;
   if (stat(blob, &st) == 0) {
@@ -165,7 +166,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
   } else if (rename(u->path, blob) < 0) {
     return gs_err_set(e, GS_INTERNAL, "", "rename %s: %s", blob, strerror(errno));
   } else {
-    char dir[4200];
+    char dir[PATH_MAX];
     gs_datasets_dir(d, "datasets", dir, sizeof dir);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
@@ -196,7 +197,7 @@ static int commit_upload(call_ctx *c, upload *u, const char *want_sha, gs_datase
   return 0;
 }
 
-int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__UploadDatasetRequest *r = rq->upload_dataset;
   gs_daemon *d = c->d;
   if (acting_tenant(c, e) < 0) return -1;
@@ -276,7 +277,7 @@ int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
     gs_sha256_update(&u->sha, r->data.data, r->data.len);
     u->received = after;
   }
-  Gpushare__V1__UploadDatasetResponse *m = AR_MSG(&c->ar, Gpushare__V1__UploadDatasetResponse,
+  Gpushare__V1__UploadDatasetResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__UploadDatasetResponse,
                                                   GPUSHARE__V1__UPLOAD_DATASET_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   m->has_upload_id = m->has_received_bytes = 1;
@@ -294,16 +295,16 @@ int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
   return 0;
 }
 
-int gs_rpc_list_datasets(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_list_datasets(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   gs_dataset_row *rows;
   size_t n;
   if (!c->id.admin && acting_tenant(c, e) < 0) return -1;
   if (gs_store_dataset_list(c->d->store, c->id.admin ? NULL : c->id.tenant, &rows, &n, e) < 0)
     return -1;
-  Gpushare__V1__ListDatasetsResponse *m = AR_MSG(&c->ar, Gpushare__V1__ListDatasetsResponse,
+  Gpushare__V1__ListDatasetsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListDatasetsResponse,
                                                  GPUSHARE__V1__LIST_DATASETS_RESPONSE__INIT);
-  if (m) m->dataset = ar_alloc(&c->ar, n * sizeof *m->dataset + 1);
+  if (m) m->dataset = gs_call_alloc(&c->ar, n * sizeof *m->dataset + 1);
   for (size_t i = 0; m && m->dataset && i < n; i++) m->dataset[m->n_dataset++] = info_msg(&c->ar, &rows[i]);
   free(rows);
   if (!m || c->ar.failed) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -312,7 +313,7 @@ int gs_rpc_list_datasets(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e
   return 0;
 }
 
-int gs_rpc_remove_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_remove_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->remove_dataset->name;
   if (acting_tenant(c, e) < 0) return -1;
   if (gs_store_name_valid(name, "name", e) < 0) return -1;
@@ -327,13 +328,13 @@ int gs_rpc_remove_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *
   uint64_t refs;
   if (gs_store_dataset_remove(c->d->store, c->id.tenant, name, &row, &refs, e) < 0) return -1;
   if (refs == 0) {
-    char blob[4200];
+    char blob[PATH_MAX];
     gs_dataset_blob_path(c->d, row.sha256, blob, sizeof blob);
     unlink(blob);
   }
   gs_info("dataset %s/%s removed%s", row.tenant, name, refs ? " (its content stays: shared)" : "");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_REMOVE_DATASET;
-  c->resp->remove_dataset = AR_MSG(&c->ar, Gpushare__V1__RemoveDatasetResponse,
+  c->resp->remove_dataset = GS_CALL_MSG(&c->ar, Gpushare__V1__RemoveDatasetResponse,
                                    GPUSHARE__V1__REMOVE_DATASET_RESPONSE__INIT);
   return c->resp->remove_dataset ? 0 : gs_err_set(e, GS_INTERNAL, "", "out of memory");
 }

@@ -8,9 +8,9 @@
 
 #include "control/call.h"
 
-int gs_rpc_upload_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_list_datasets(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_remove_dataset(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_list_datasets(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_remove_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 
 /* Drop the uploads a closing connection had started (arg: the gs_daemon);
  * registered with gs_server_on_close. */

@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ void gs_rpc_jobs_free(gs_daemon *d) {
 
 /* The vdev a job goes to: the named one (the tenant's own), or the tenant's
  * only vdev when none is named. */
-static int job_vdev(call_ctx *c, const char *name, const char *field, gs_vdev *v, gs_err *e) {
+static int job_vdev(gs_call *c, const char *name, const char *field, gs_vdev *v, gs_err *e) {
   if (name && *name) {
     if (gs_store_name_valid(name, field, e) < 0) return -1;
     if (gs_store_vdev_get(c->d->store, name, v, e) < 0 ||
@@ -131,7 +132,7 @@ static int job_vdev(call_ctx *c, const char *name, const char *field, gs_vdev *v
                     c->id.tenant[0] ? c->id.tenant : "(none)", mine);
 }
 
-int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__PlanRequest *r = rq->plan;
   if (!r->spec) return gs_err_set(e, GS_INVALID_ARGUMENT, "spec", "no job spec given");
   gs_vdev v;
@@ -142,7 +143,7 @@ int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
     has_vdev = true;
   }
   Gpushare__V1__PlanResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   if (gs_admit_plan(&c->ar, r->spec, has_vdev ? &v : NULL, &m->plan, e) < 0) return -1;
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT;
@@ -150,8 +151,8 @@ int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-static Gpushare__V1__Job *job_view(arena *a, const gs_job *j, bool with_spec) {
-  Gpushare__V1__Job *copy = AR_MSG(a, Gpushare__V1__Job, GPUSHARE__V1__JOB__INIT);
+static Gpushare__V1__Job *job_view(gs_call_arena *a, const gs_job *j, bool with_spec) {
+  Gpushare__V1__Job *copy = GS_CALL_MSG(a, Gpushare__V1__Job, GPUSHARE__V1__JOB__INIT);
   if (!copy) return NULL;
   *copy = *j->rec; /* shallow: packed before the job changes */
   if (!with_spec) copy->spec = NULL;
@@ -159,7 +160,7 @@ static Gpushare__V1__Job *job_view(arena *a, const gs_job *j, bool with_spec) {
   return copy;
 }
 
-int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_daemon *d = c->d;
   const Gpushare__V1__JobSpec *spec = rq->submit->spec;
   if (!spec) return gs_err_set(e, GS_INVALID_ARGUMENT, "spec", "no job spec given");
@@ -258,7 +259,7 @@ int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
    * shares the record's strings, so it is taken after any change.) */
   gs_exec_events_schedule(d);
   Gpushare__V1__SubmitResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__SubmitResponse, GPUSHARE__V1__SUBMIT_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__SubmitResponse, GPUSHARE__V1__SUBMIT_RESPONSE__INIT);
   if (m) {
     m->job = job_view(&c->ar, j, false);
     m->plan = adm.plan;
@@ -276,7 +277,7 @@ fail:
 
 /* ---------------------------------------------------------- job queries --- */
 
-static int visible_job(call_ctx *c, uint64_t id, bool has, gs_job **out, gs_err *e) {
+static int visible_job(gs_call *c, uint64_t id, bool has, gs_job **out, gs_err *e) {
   if (!has || id == 0)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "id", "no job id given (ids start at 1)");
   gs_job *j = gs_job_get(c->d, id);
@@ -288,18 +289,18 @@ static int visible_job(call_ctx *c, uint64_t id, bool has, gs_job **out, gs_err 
   return 0;
 }
 
-int gs_rpc_job_status(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_job_status(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->job_status->id, rq->job_status->has_id, &j, e) < 0) return -1;
   Gpushare__V1__JobStatusResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__JobStatusResponse, GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__JobStatusResponse, GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT);
   if (!m || !(m->job = job_view(&c->ar, j, true))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS;
   c->resp->job_status = m;
   return 0;
 }
 
-int gs_rpc_list_jobs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   bool all = rq->list_jobs->has_all && rq->list_jobs->all;
   if (all && !c->id.admin)
     return gs_err_set(e, GS_PERMISSION_DENIED, "all",
@@ -307,8 +308,8 @@ int gs_rpc_list_jobs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       c->peer->uid);
   const gs_jobs *J = c->d->jobs;
   Gpushare__V1__ListJobsResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__ListJobsResponse, GPUSHARE__V1__LIST_JOBS_RESPONSE__INIT);
-  if (m) m->job = ar_alloc(&c->ar, (J->cap + 1) * sizeof *m->job);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__ListJobsResponse, GPUSHARE__V1__LIST_JOBS_RESPONSE__INIT);
+  if (m) m->job = gs_call_alloc(&c->ar, (J->cap + 1) * sizeof *m->job);
   for (uint64_t i = 0; m && m->job && i < J->cap; i++) {
     gs_job *j = J->by_id[i];
     if (!j) continue;
@@ -323,7 +324,7 @@ int gs_rpc_list_jobs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_watch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return -1;
   /* Its events carry the request id: two watches under one id on one
@@ -367,7 +368,7 @@ int gs_rpc_watch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_cancel(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return -1;
   gs_daemon *d = c->d;
@@ -378,7 +379,7 @@ int gs_rpc_cancel(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
   gs_exec_events_cancel(d, j, who);
   Gpushare__V1__CancelResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__CancelResponse, GPUSHARE__V1__CANCEL_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__CancelResponse, GPUSHARE__V1__CANCEL_RESPONSE__INIT);
   if (!m || !(m->job = job_view(&c->ar, j, false))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CANCEL;
   c->resp->cancel = m;
@@ -386,14 +387,14 @@ int gs_rpc_cancel(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
 }
 
 typedef struct log_ctx {
-  arena *a;
+  gs_call_arena *a;
   Gpushare__V1__LogsResponse *m;
   size_t cap;
 } log_ctx;
 
 /* protobuf-c allocations served from the request's arena: unpacked events
  * then live exactly as long as the response they are part of. */
-static void *pb_arena_alloc(void *data, size_t size) { return ar_alloc(data, size); }
+static void *pb_arena_alloc(void *data, size_t size) { return gs_call_alloc(data, size); }
 static void pb_arena_free(void *data, void *p) {
   (void)data;
   (void)p;
@@ -406,7 +407,7 @@ static void collect_event(void *u, const uint8_t *rec, size_t len) {
   if (!ev) return;
   if (l->m->n_event == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 16;
-    Gpushare__V1__JobEvent **p = ar_alloc(l->a, cap * sizeof *p);
+    Gpushare__V1__JobEvent **p = gs_call_alloc(l->a, cap * sizeof *p);
     if (!p) return;
     if (l->m->n_event) memcpy(p, l->m->event, l->m->n_event * sizeof *p);
     l->m->event = p;
@@ -415,11 +416,11 @@ static void collect_event(void *u, const uint8_t *rec, size_t len) {
   l->m->event[l->m->n_event++] = ev;
 }
 
-int gs_rpc_logs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->logs->id, rq->logs->has_id, &j, e) < 0) return -1;
   Gpushare__V1__LogsResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__LogsResponse, GPUSHARE__V1__LOGS_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__LogsResponse, GPUSHARE__V1__LOGS_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   log_ctx l = {&c->ar, m, 0};
   if (gs_store_job_events(c->d->store, j->rec->id, collect_event, &l, e) < 0) return -1;
@@ -428,7 +429,7 @@ int gs_rpc_logs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__FetchRequest *r = rq->fetch;
   gs_job *j;
   if (visible_job(c, r->id, r->has_id, &j, e) < 0) return -1;
@@ -438,7 +439,7 @@ int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       "job %" PRIu64 " is %s: trained weights exist once it has SUCCEEDED "
                       "(--checkpoint fetches its last checkpoint)",
                       j->rec->id, gs_job_state_name(j->rec->state));
-  char path[4200];
+  char path[PATH_MAX];
   gs_job_file(c->d, j->rec->id, ckpt ? "checkpoint.ckpt" : "model.safetensors", path, sizeof path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -453,12 +454,12 @@ int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       "offset %" PRIu64 " is past the end of the file (%" PRIu64 " bytes)", off, total);
   }
   size_t chunk = total - off > (1u << 20) ? (1u << 20) : (size_t)(total - off);
-  uint8_t *buf = ar_alloc(&c->ar, chunk + 1);
+  uint8_t *buf = gs_call_alloc(&c->ar, chunk + 1);
   ssize_t got = buf ? pread(fd, buf, chunk, (off_t)off) : -1;
   close(fd);
   if (got < 0 || (size_t)got != chunk) return gs_err_set(e, GS_INTERNAL, "", "cannot read %s", path);
   Gpushare__V1__FetchResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__FetchResponse, GPUSHARE__V1__FETCH_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__FetchResponse, GPUSHARE__V1__FETCH_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   m->has_data = m->has_offset = m->has_total_bytes = m->has_last = 1;
   m->data.data = buf;
@@ -471,17 +472,17 @@ int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-int gs_rpc_memory(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e) {
+int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
   if (visible_job(c, rq->memory->id, rq->memory->has_id, &j, e) < 0) return -1;
   Gpushare__V1__MemoryResponse *m =
-      AR_MSG(&c->ar, Gpushare__V1__MemoryResponse, GPUSHARE__V1__MEMORY_RESPONSE__INIT);
+      GS_CALL_MSG(&c->ar, Gpushare__V1__MemoryResponse, GPUSHARE__V1__MEMORY_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   if (j->rec->timeline) {
     m->timeline = j->rec->timeline;
   } else {
     Gpushare__V1__MemoryTimeline *t =
-        AR_MSG(&c->ar, Gpushare__V1__MemoryTimeline, GPUSHARE__V1__MEMORY_TIMELINE__INIT);
+        GS_CALL_MSG(&c->ar, Gpushare__V1__MemoryTimeline, GPUSHARE__V1__MEMORY_TIMELINE__INIT);
     if (!t) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
     t->has_planned_peak_bytes = 1;
     t->planned_peak_bytes = j->rec->planned_peak_bytes;

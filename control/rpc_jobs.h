@@ -6,15 +6,15 @@
 
 #include "control/call.h"
 
-int gs_rpc_plan(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_submit(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_job_status(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_list_jobs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_watch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_cancel(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_logs(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_fetch(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
-int gs_rpc_memory(call_ctx *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_job_status(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 
 /* Drop every watch stream (at exit; a closing connection drops its own). */
 void gs_rpc_jobs_free(gs_daemon *d);

@@ -1,5 +1,5 @@
 /*
- * sched.h: the scheduler, a pure function (DESIGN.md section 6).
+ * sched.h: the scheduler, a pure function.
  *
  * In: the jobs that are QUEUED or RUNNING (vdev, tenant, priority, age,
  * planned peak), the vdevs (memory limit, and whether their device's

@@ -586,7 +586,7 @@ int gs_server_listen(gs_daemon *d, gs_server_dispatch dispatch, gs_server **out,
   s->dispatch = dispatch;
   s->listen_fd = -1;
   snprintf(s->path, sizeof s->path, "%s", d->cfg.socket_path);
-  int fd = gs_listen_fd();
+  int fd = gs_notify_listen_fd();
   if (fd >= 0) {
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {

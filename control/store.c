@@ -175,7 +175,7 @@ struct gs_store {
   sqlite3 *db;              /* the one connection, loop thread only */
   int txn_depth;            /* > 0: inside gs_store_txn_begin; calls join it */
   sqlite3_stmt *st[Q_COUNT]; /* prepared on first use */
-  char path[4200];          /* STATE_DIR/gpushared.db, for messages */
+  char path[PATH_MAX];          /* STATE_DIR/gpushared.db, for messages */
 };
 
 static int db_fail(gs_store *s, gs_err *e, const char *what) {
@@ -1019,7 +1019,7 @@ int gs_store_job_update(gs_store *s, uint64_t id, int state, uint32_t crashes,
   return 0;
 }
 
-void gs_job_rows_free(gs_job_row *rows, size_t n) {
+void gs_store_job_rows_free(gs_job_row *rows, size_t n) {
   for (size_t i = 0; i < n; i++) free(rows[i].record);
   free(rows);
 }
@@ -1053,7 +1053,7 @@ int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e) {
   }
   sqlite3_reset(q);
   if (rc != SQLITE_DONE) {
-    gs_job_rows_free(list, count);
+    gs_store_job_rows_free(list, count);
     return db_fail(s, e, "list jobs");
   }
   *out = list;
@@ -1061,7 +1061,7 @@ int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e) {
   return 0;
 oom:
   sqlite3_reset(q);
-  gs_job_rows_free(list, count);
+  gs_store_job_rows_free(list, count);
   return gs_err_set(e, GS_INTERNAL, "", "store: out of memory");
 }
 

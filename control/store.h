@@ -173,7 +173,7 @@ int gs_store_job_insert(gs_store *s, const gs_job_row *j, uint64_t *id, gs_err *
 int gs_store_job_update(gs_store *s, uint64_t id, int state, uint32_t crashes,
                         const uint8_t *record, size_t len, gs_err *e);
 int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e);
-void gs_job_rows_free(gs_job_row *rows, size_t n);
+void gs_store_job_rows_free(gs_job_row *rows, size_t n);
 int gs_store_job_event_add(gs_store *s, uint64_t id, const uint8_t *record, size_t len,
                            gs_err *e);
 /* Calls fn for each stored event of the job, oldest first. */

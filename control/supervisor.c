@@ -40,7 +40,7 @@ typedef struct write_req {
 static void spawn(gs_executor *x);
 static void on_backoff(uv_timer_t *t) { spawn(t->data); }
 
-const char *gs_executor_path(char *buf, size_t len) {
+const char *gs_supervisor_path(char *buf, size_t len) {
   const char *env = getenv("GS_EXECUTOR");
   if (env && *env) return env;
   char self[PATH_MAX];
@@ -154,7 +154,7 @@ static void spawn(gs_executor *x) {
     return;
   }
   char path[PATH_MAX + 32], threads[16], memory[32];
-  const char *exe = gs_executor_path(path, sizeof path);
+  const char *exe = gs_supervisor_path(path, sizeof path);
   snprintf(threads, sizeof threads, "%u", dev->threads);
   snprintf(memory, sizeof memory, "%" PRIu64, dev->usable);
   /* --device-memory: the executor keeps the regions of all vdevs within the
@@ -195,7 +195,7 @@ static void spawn(gs_executor *x) {
   gs_debug("executor for %s started: pid %d", dev->name, x->proc.pid);
 }
 
-int gs_executor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
+int gs_supervisor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
                       gs_executor **out, gs_err *e) {
   gs_executor *x = calloc(1, sizeof *x);
   if (!x) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -217,7 +217,7 @@ static void on_written(uv_write_t *req, int status) {
   free(w);
 }
 
-int gs_executor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m) {
+int gs_supervisor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m) {
   if (!x->running || !x->pipe_open || !x->ready) return -1;
   write_req *w = malloc(sizeof *w);
   size_t len;
@@ -234,13 +234,13 @@ int gs_executor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m) {
   return 0;
 }
 
-bool gs_executor_ready(const gs_executor *x) { return x->ready && x->running; }
-const char *gs_executor_device(const gs_executor *x) { return x->d->devices.dev[x->device].name; }
-size_t gs_executor_device_index(const gs_executor *x) { return x->device; }
-int gs_executor_pid(const gs_executor *x) { return x->running ? x->proc.pid : 0; }
-uint32_t gs_executor_restarts(const gs_executor *x) { return x->restarts; }
+bool gs_supervisor_ready(const gs_executor *x) { return x->ready && x->running; }
+const char *gs_supervisor_device(const gs_executor *x) { return x->d->devices.dev[x->device].name; }
+size_t gs_supervisor_device_index(const gs_executor *x) { return x->device; }
+int gs_supervisor_pid(const gs_executor *x) { return x->running ? x->proc.pid : 0; }
+uint32_t gs_supervisor_restarts(const gs_executor *x) { return x->restarts; }
 
-void gs_executor_stop(gs_executor *x) {
+void gs_supervisor_stop(gs_executor *x) {
   x->stopping = true;
   uv_timer_stop(&x->backoff);
   uv_close((uv_handle_t *)&x->backoff, NULL);
@@ -252,7 +252,7 @@ void gs_executor_stop(gs_executor *x) {
   Gpushare__Exec__V1__Shutdown s = GPUSHARE__EXEC__V1__SHUTDOWN__INIT;
   m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SHUTDOWN;
   m.shutdown = &s;
-  if (gs_executor_send(x, &m) < 0) uv_process_kill(&x->proc, SIGTERM);
+  if (gs_supervisor_send(x, &m) < 0) uv_process_kill(&x->proc, SIGTERM);
 }
 
-void gs_executor_free(gs_executor *x) { free(x); }
+void gs_supervisor_free(gs_executor *x) { free(x); }

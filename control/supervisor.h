@@ -32,21 +32,21 @@ typedef struct gs_supervisor_events {
 
 /* Start the executor for device `device` (index into d->devices). */
 /* The gpushare-executor program: $GS_EXECUTOR, else beside gpushared. */
-const char *gs_executor_path(char *buf, size_t len);
+const char *gs_supervisor_path(char *buf, size_t len);
 
-int gs_executor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
+int gs_supervisor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
                       gs_executor **out, gs_err *e);
 /* Queue one message; -1 when the executor is not running (the caller keeps
  * the job pending and sends it again after `ready`). */
-int gs_executor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m);
-bool gs_executor_ready(const gs_executor *x);
-const char *gs_executor_device(const gs_executor *x);
-size_t gs_executor_device_index(const gs_executor *x);
-int gs_executor_pid(const gs_executor *x);
-uint32_t gs_executor_restarts(const gs_executor *x);
+int gs_supervisor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m);
+bool gs_supervisor_ready(const gs_executor *x);
+const char *gs_supervisor_device(const gs_executor *x);
+size_t gs_supervisor_device_index(const gs_executor *x);
+int gs_supervisor_pid(const gs_executor *x);
+uint32_t gs_supervisor_restarts(const gs_executor *x);
 /* Ask it to checkpoint its jobs and exit (Shutdown); no restart after. */
-void gs_executor_stop(gs_executor *x);
+void gs_supervisor_stop(gs_executor *x);
 /* Free once the process is gone (after died with planned). */
-void gs_executor_free(gs_executor *x);
+void gs_supervisor_free(gs_executor *x);
 
 #endif

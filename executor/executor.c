@@ -23,8 +23,9 @@
  *    gs_fairshare_acquire and gs_fairshare_release, so the device is shared
  *    by compute_share and a cancel (an atomic flag) acts before the next
  *    step (each step is charged the device time the backend's timer
- *    measured: core-seconds of the job's own threads on the cpu device,
- *    stream events on a GPU; see gs_train_last_device_seconds). Whatever the outcome, the job's memory goes
+ *    gives: core-seconds of the job's own threads on the cpu device,
+ *    stream events on a GPU; see gs_train_last_device_seconds). Whatever
+ *    the outcome, the job's memory goes
  *    back to its vdev before Finished is sent, and a job's failure is a
  *    Finished{FAILED}, never the executor's end.
  *    Checkpoints are written where StartJob's checkpoint_path says (every
@@ -172,7 +173,7 @@ static __thread uint64_t tl_dense_calls;
 /* A fatal signal (a kernel that faults, an abort) ends the executor, but
  * first says which job's thread it hit: the job id goes into
  * STATE/executor-DEVICE.crash with write(2) only, async-signal-safe, and the
- * control plane reads it when it sees the executor die (jobs.c on_died), so
+ * control plane reads it when it sees the executor die (control/exec_events.c), so
  * the job that crashed the device is the one charged with it and the
  * others resume from their checkpoints uncharged. Then the default action
  * runs (the core dump, the exit status the supervisor logs). */
@@ -500,78 +501,25 @@ static void on_set_vdevs(const Gpushare__Exec__V1__SetVdevs *sv) {
 
 /* ------------------------------------------------------------------ jobs --- */
 
-static int load_one(const Gpushare__V1__Dataset *d, const char *which, const char *images,
-                    const char *labels, const Gpushare__V1__JobSpec *spec, gs_dataset *out,
+/* A stored IDX set of the job: the blob paths the control plane resolved
+ * into StartJob (the executor never opens a path a client named). Empty
+ * test paths mean no test set. */
+static int load_idx(const void *user, const char *which, const gs_spec_dataset *d, gs_dataset *out,
                     gs_err *e) {
-  int rc;
-  if (d->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC) {
-    const Gpushare__V1__InputShape *in = spec->model ? spec->model->input : NULL;
-    if (!in) {
-      gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
-                 "a synthetic dataset takes its image shape from model.input, which is missing");
-      return -EINVAL;
-    }
-    rc = gs_dataset_synthetic(d->synthetic->examples, in->height, in->width, in->channels,
-                              d->synthetic->classes, d->synthetic->seed, out, e);
-    if (rc) {
-      gs_err_prefix(e, "synthetic");
-      gs_err_prefix(e, which);
-    }
-    return rc;
-  }
-  if (!images || !images[0] || !labels || !labels[0]) {
-    gs_err_set(e, GS_FAILED_PRECONDITION, which,
-               "the %s dataset is stored IDX data, but StartJob gave no %s_images and "
-               "%s_labels paths to read it from",
-               which, which, which);
-    return -EINVAL;
-  }
-  rc = gs_dataset_load_idx(images, labels, out, e);
+  (void)d;
+  const Gpushare__Exec__V1__StartJob *s = user;
+  bool train = strcmp(which, "train") == 0;
+  const char *images = train ? s->train_images : s->test_images;
+  const char *labels = train ? s->train_labels : s->test_labels;
+  if (!train && (!images || !images[0])) return 0;
+  if (!images || !images[0] || !labels || !labels[0])
+    return gs_err_set(e, GS_FAILED_PRECONDITION, which,
+                      "the %s dataset is stored IDX data, but StartJob gave no %s_images and "
+                      "%s_labels paths to read it from",
+                      which, which, which);
+  int rc = gs_dataset_load_idx(images, labels, out, e);
   if (rc) gs_err_prefix(e, which);
   return rc;
-}
-
-/* The train set, and the test set when there is one (*has_test). Two
- * synthetic sets of one seed are one task: drawn together, then split (as
- * gpushare-run does), so the test examples are unseen ones of the same task. */
-static int load_sets(const job *j, gs_dataset *train, gs_dataset *test, bool *has_test,
-                     gs_err *e) {
-  const Gpushare__Exec__V1__StartJob *s = j->start;
-  const Gpushare__V1__JobSpec *spec = s->spec;
-  const Gpushare__V1__Dataset *tr = spec->train, *te = spec->test;
-  *has_test = false;
-  if (!tr || tr->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "train", "the job has no train dataset");
-    return -EINVAL;
-  }
-  if (te && tr->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
-      te->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
-      tr->synthetic->seed == te->synthetic->seed &&
-      tr->synthetic->classes == te->synthetic->classes && tr->synthetic->examples > 0 &&
-      te->synthetic->examples > 0) {
-    Gpushare__V1__SyntheticDataset both = *tr->synthetic;
-    both.examples = tr->synthetic->examples + te->synthetic->examples;
-    Gpushare__V1__Dataset d = *tr;
-    d.synthetic = &both;
-    gs_dataset all = {0};
-    int rc = load_one(&d, "train", NULL, NULL, spec, &all, e);
-    if (!rc) rc = gs_dataset_slice(&all, 0, tr->synthetic->examples, train, e);
-    if (!rc)
-      rc = gs_dataset_slice(&all, tr->synthetic->examples, te->synthetic->examples, test, e);
-    gs_dataset_free(&all);
-    if (rc) return rc;
-    *has_test = true;
-    return 0;
-  }
-  int rc = load_one(tr, "train", s->train_images, s->train_labels, spec, train, e);
-  if (rc) return rc;
-  if (!te || te->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET) return 0;
-  if (te->source_case != GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
-      (!s->test_images || !s->test_images[0]))
-    return 0; /* StartJob's empty test paths: no test set */
-  if ((rc = load_one(te, "test", s->test_images, s->test_labels, spec, test, e))) return rc;
-  *has_test = true;
-  return 0;
 }
 
 static void on_step(void *user, const gs_train_progress *p) {
@@ -713,13 +661,13 @@ static void *job_main(void *arg) {
     err_text(&e, reason, sizeof reason);
     goto report;
   }
-  if (load_sets(j, &train, &test, &has_test, &e)) {
+  if (gs_dataset_load_job(&spec, load_idx, j->start, &train, &test, &has_test, &e)) {
     err_text(&e, reason, sizeof reason);
     goto report;
   }
   if (atomic_load(&j->stop)) goto report;
   {
-    /* The planner's peak, reported beside the measured one (DESIGN 5). */
+    /* The planner's peak, reported beside the measured one. */
     gs_plan plan;
     gs_err pe;
     gs_err_clear(&pe);

@@ -28,12 +28,9 @@
  *    every step, so the shares are the same; the slice only sets how often
  *    the device switches. A switch is not free: the job coming in finds its
  *    data out of the caches, and with one switch per step the vdev with the
- *    smaller share pays that on every one of its steps (measured: ~10% more
- *    time per step for tiny models on the CPU). The executor's 50 ms slice
- *    makes a switch cost one step in dozens (four MLP jobs on four vdevs of
- *    the cpu device: 85% of one job's samples/s with 10 ms slices, 94-97%
- *    with 50 ms); with steps longer than the slice it is the per-step
- *    schedule again.
+ *    smaller share pays that on every one of its steps. The executor's 50 ms
+ *    slice makes a switch cost one step in dozens; with steps longer than
+ *    the slice it is the per-step schedule again.
  * Time is accounted per step from the elapsed seconds the caller measured,
  * so the scheduler itself never reads a step's duration from a clock; this
  * also lets the unit test drive it with simulated durations.

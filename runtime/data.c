@@ -198,6 +198,67 @@ fail:
   return rc;
 }
 
+/* ---- a job's sets -------------------------------------------------------- */
+
+static int load_synthetic(const gs_job_spec *spec, const char *which, uint64_t examples,
+                          const gs_spec_dataset *d, gs_dataset *out, gs_err *e) {
+  if (!spec->has_input)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                      "a synthetic dataset takes its image shape from model.input, which is "
+                      "missing");
+  int rc = gs_dataset_synthetic(examples, spec->input.height, spec->input.width,
+                                spec->input.channels, d->classes, d->seed, out, e);
+  if (rc) {
+    gs_err_prefix(e, "synthetic");
+    gs_err_prefix(e, which);
+  }
+  return rc;
+}
+
+static int load_set(const gs_job_spec *spec, const char *which, const gs_spec_dataset *d,
+                    gs_dataset_idx_fn load_idx, const void *user, gs_dataset *out, gs_err *e) {
+  if (d->source == GS_DATASET_SYNTHETIC)
+    return load_synthetic(spec, which, d->examples, d, out, e);
+  return load_idx(user, which, d, out, e);
+}
+
+int gs_dataset_load_job(const gs_job_spec *spec, gs_dataset_idx_fn load_idx, const void *user,
+                        gs_dataset *train, gs_dataset *test, bool *has_test, gs_err *e) {
+  const gs_spec_dataset *tr = &spec->train, *te = &spec->test;
+  int rc = 0;
+  *has_test = false;
+  memset(train, 0, sizeof *train);
+  memset(test, 0, sizeof *test);
+  if (tr->source == GS_DATASET_NONE)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "train", "the job has no train dataset");
+  if (tr->source == GS_DATASET_SYNTHETIC && te->source == GS_DATASET_SYNTHETIC &&
+      tr->seed == te->seed && tr->classes == te->classes && tr->examples > 0 &&
+      te->examples > 0 && tr->examples <= UINT64_MAX - te->examples) {
+    gs_dataset all;
+    rc = load_synthetic(spec, "train", tr->examples + te->examples, tr, &all, e);
+    if (rc) return rc;
+    rc = gs_dataset_slice(&all, 0, tr->examples, train, e);
+    if (!rc) rc = gs_dataset_slice(&all, tr->examples, te->examples, test, e);
+    gs_dataset_free(&all);
+    if (rc) goto fail;
+    *has_test = true;
+    return 0;
+  }
+  if ((rc = load_set(spec, "train", tr, load_idx, user, train, e))) goto fail;
+  if (train->n == 0) {
+    rc = gs_err_set(e, GS_INVALID_ARGUMENT, "train", "the job's train dataset is empty");
+    goto fail;
+  }
+  if (te->source == GS_DATASET_NONE) return 0;
+  if ((rc = load_set(spec, "test", te, load_idx, user, test, e))) goto fail;
+  *has_test = test->n > 0;
+  return 0;
+fail:
+  gs_dataset_free(train);
+  gs_dataset_free(test);
+  return rc;
+}
+
 /* ---- synthetic, slice, gather ------------------------------------------- */
 
 int gs_dataset_synthetic(uint64_t n, uint32_t h, uint32_t w, uint32_t c, uint32_t classes,

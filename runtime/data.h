@@ -18,11 +18,13 @@
 #define GS_TRAIN_DATA_H
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
 #include "runtime/idx.h" /* GS_DATASET_MAX_ELEMS, the GS_DATASET_E* codes */
+#include "runtime/spec.h"
 
 typedef struct gs_dataset {
   uint64_t n;       /* number of examples */
@@ -68,6 +70,24 @@ int gs_dataset_synthetic(uint64_t n, uint32_t h, uint32_t w, uint32_t c, uint32_
  * is src->classes, so a slice keeps the model's output width. */
 int gs_dataset_slice(const gs_dataset *src, uint64_t first, uint64_t count, gs_dataset *out,
                      gs_err *e);
+
+/* Loads one IDX or named set of a job (`which`: "train" or "test") from
+ * wherever the caller keeps it: gpushare-run from files beside the job, the
+ * executor from the blob paths the control plane gave it. It may leave
+ * *out empty (n 0) to say it has no such set. Errors name fields under
+ * `which` ("train.idx.images"). */
+typedef int (*gs_dataset_idx_fn)(const void *user, const char *which, const gs_spec_dataset *d,
+                                 gs_dataset *out, gs_err *e);
+
+/* A job's train set and, where the spec has one, its test set (*has_test).
+ * A synthetic set takes its image shape from the model's input. Two
+ * synthetic sets of one seed and one number of classes are one task: drawn
+ * together from one generator, then split, so the test examples are unseen
+ * examples of the train set's classes (a different seed is a different
+ * task). Every other set comes from load_idx. On failure both sets are
+ * freed, and errors name "train..." or "test..." fields. */
+int gs_dataset_load_job(const gs_job_spec *spec, gs_dataset_idx_fn load_idx, const void *user,
+                        gs_dataset *train, gs_dataset *test, bool *has_test, gs_err *e);
 
 /* Frees what a loader allocated and zeroes *d; NULL and zeroed are fine. */
 void gs_dataset_free(gs_dataset *d);

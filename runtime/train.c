@@ -674,10 +674,9 @@ static int load_batch(gs_train *t, const gs_dataset *d, const uint64_t *idx, uin
                       gs_err *e) {
   uint64_t per = gs_shape_elements(&t->model.input);
   /* Where device buffers are host memory (backend.h: host_memory, the cpu
-   * device) the pixels go straight into the batch buffer: the staging copy
-   * was 17-40 us of fashion-mlp's 1 ms step. And the gather runs on the
-   * exec's threads where the backend lends them (host_parallel): on one, it
-   * was 24-40 us of that step with the other threads waiting. */
+   * device) the pixels go straight into the batch buffer, without a staging
+   * copy. And the gather runs on the exec's threads where the backend lends
+   * them (host_parallel), rather than on one while the others wait. */
   float *img = t->b->host_memory ? t->x32 : t->h_img;
   gather_job gj = {.d = d, .idx = idx, .per = per, .img = img, .lab = t->h_lab};
   size_t grain = per >= GATHER_GRAIN_PIXELS ? 1 : GATHER_GRAIN_PIXELS / per;
@@ -744,9 +743,8 @@ static int do_step(gs_train *t, gs_err *e) {
   int rc;
   ensure_perm(t);
   /* Gradients accumulate from zero. The optimizer step consumes them: it
-   * leaves each one zero, in the pass that reads it (backend.h); a clear
-   * here at the top of every step took 17 us of fashion-mlp's 0.9 ms (on 2
-   * threads), one right after the update 12 us. Only a first step, or one
+   * leaves each one zero, in the pass that reads it (backend.h), so no
+   * separate pass reads every gradient again. Only a first step, or one
    * after a step that failed, clears them here. */
   if (!t->grads_zero)
     for (uint32_t i = 0; i < m->n_layers; i++)
@@ -887,9 +885,8 @@ static void spec_digest(const gs_train *t, char *buf, size_t len) {
 
 /* One checkpoint: the job's state at one step, copied to the host, and
  * where it goes. Periodic checkpoints are written by a thread of their own
- * (checkpoint_async) while the job steps on: writing, fsync and rename took
- * 8-10 ms a checkpoint here, 2-3% of fashion-mlp's wall time with one at
- * every half-second epoch, all of it on the job's thread. */
+ * (checkpoint_async) while the job steps on, so writing, fsync and rename
+ * do not stall the job's thread at every checkpoint. */
 typedef struct ck_write {
   pthread_t tid;
   char *path;

@@ -34,7 +34,7 @@
  * epoch is floor(n / (b*k)) steps over a permutation of the train set drawn
  * from (seed, epoch); the last partial effective batch is dropped.
  *
- * Precision (DESIGN.md section 4): FLOAT32; MIXED_BFLOAT16 and MIXED_FLOAT16
+ * Precision: FLOAT32; MIXED_BFLOAT16 and MIXED_FLOAT16
  * keep activations and working weights in 16 bits, fp32 masters and
  * gradients, logits cast to fp32 for the loss. MIXED_FLOAT16 scales the loss
  * gradient by a dynamic loss scale kept on the device (initial

@@ -15,7 +15,7 @@
  * /usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist), so the
  * examples run as shipped.
  *
- * Memory (DESIGN.md section 5): the job runs in one vdev allocator of
+ * Memory: the job runs in one vdev allocator of
  * --memory-limit bytes (default half the machine's RAM) with --policy growth
  * (default) or preallocate. Before any dataset is read the job is planned
  * (plan.h) and admitted against that limit: over it, the run is refused with
@@ -27,11 +27,9 @@
  * prints the OOM report the daemon would store. --memory-report prints the
  * job's memory timeline after the run.
  *
- * Synthetic sets: gs_dataset_synthetic draws the class prototypes from the
- * seed, so a test set with another seed is another task. When train and test
- * are synthetic with the same seed and classes, the runner draws
- * train.examples + test.examples from that one generator and splits them:
- * the test examples are unseen examples of the same task.
+ * Synthetic sets: gs_dataset_load_job (runtime/data.h), as in the executor:
+ * train and test of one seed and classes are drawn from one generator and
+ * split, so the test examples are unseen examples of the same task.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -201,28 +199,34 @@ static void resolve(const char *p, const char *job_dir, const char *data_dir, ch
   }
 }
 
-static int load_dataset(const Gpushare__V1__Dataset *d, const char *which,
-                        const Gpushare__V1__JobSpec *spec, const char *job_dir,
-                        const char *data_dir, gs_dataset *out, gs_err *e) {
+/* Where gpushare-run finds a job's IDX files (see the file comment). */
+typedef struct idx_dirs {
+  const char *job_dir, *data_dir;
+} idx_dirs;
+
+/* An IDX set of the job, from files; a set named in the daemon's store is
+ * refused, since gpushare-run has no store. */
+static int load_idx(const void *user, const char *which, const gs_spec_dataset *d, gs_dataset *out,
+                    gs_err *e) {
+  const idx_dirs *dirs = user;
   char img[PATH_MAX], lab[PATH_MAX];
   int rc;
-  switch (d->source_case) {
-  case GPUSHARE__V1__DATASET__SOURCE_IDX:
-    if (!d->idx->images || !d->idx->images[0] || !d->idx->labels || !d->idx->labels[0]) {
-      gs_err_set(e, GS_INVALID_ARGUMENT, !d->idx->images || !d->idx->images[0] ? "idx.images"
-                                                                               : "idx.labels",
+  switch (d->source) {
+  case GS_DATASET_IDX:
+    if (!d->images || !d->images[0] || !d->labels || !d->labels[0]) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, !d->images || !d->images[0] ? "idx.images" : "idx.labels",
                  "the %s dataset's idx needs both images and labels paths", which);
       break;
     }
-    if (!strncmp(d->idx->images, "sha256:", 7) || !strncmp(d->idx->labels, "sha256:", 7)) {
+    if (!strncmp(d->images, "sha256:", 7) || !strncmp(d->labels, "sha256:", 7)) {
       gs_err_set(e, GS_INVALID_ARGUMENT, "idx.images",
                  "the %s dataset names a blob in the daemon's store (sha256:...); "
                  "gpushare-run reads IDX files: give their paths",
                  which);
       break;
     }
-    resolve(d->idx->images, job_dir, data_dir, img, sizeof img);
-    resolve(d->idx->labels, job_dir, data_dir, lab, sizeof lab);
+    resolve(d->images, dirs->job_dir, dirs->data_dir, img, sizeof img);
+    resolve(d->labels, dirs->job_dir, dirs->data_dir, lab, sizeof lab);
     rc = gs_dataset_load_idx(img, lab, out, e);
     if (rc) {
       if (!e->field[0]) snprintf(e->field, sizeof e->field, "images");
@@ -237,28 +241,12 @@ static int load_dataset(const Gpushare__V1__Dataset *d, const char *which,
       return rc;
     }
     return 0;
-  case GPUSHARE__V1__DATASET__SOURCE_NAME:
+  case GS_DATASET_NAME:
     gs_err_set(e, GS_INVALID_ARGUMENT, "name",
                "the %s dataset \"%s\" is a name in the daemon's store; gpushare-run needs idx "
                "file paths or a synthetic set",
-               which, d->name);
+               which, d->name ? d->name : "");
     break;
-  case GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC: {
-    const Gpushare__V1__SyntheticDataset *s = d->synthetic;
-    const Gpushare__V1__InputShape *in = spec->model ? spec->model->input : NULL;
-    if (!in) {
-      gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
-                 "a synthetic dataset takes its image shape from model.input, which is missing");
-      return -EINVAL;
-    }
-    rc = gs_dataset_synthetic(s->examples, in->height, in->width, in->channels, s->classes,
-                              s->seed, out, e);
-    if (rc) {
-      gs_err_prefix(e, "synthetic");
-      gs_err_prefix(e, which);
-    }
-    return rc;
-  }
   default:
     gs_err_set(e, GS_INVALID_ARGUMENT, "", "the %s dataset has no source: idx {images labels} "
                "or synthetic {examples seed}", which);
@@ -581,37 +569,8 @@ int main(int argc, char **argv) {
     run_spec.accumulation_steps = adm.accumulation_steps;
   }
   planned_peak = adm.plan.peak_bytes;
-  if (!spec->train) {
-    gs_err_set(&e, GS_INVALID_ARGUMENT, "train", "the job has no train dataset");
-    goto fail;
-  }
-  const Gpushare__V1__Dataset *tr = spec->train, *te = spec->test;
-  if (te && tr->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
-      te->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
-      tr->synthetic->seed == te->synthetic->seed &&
-      tr->synthetic->classes == te->synthetic->classes && tr->synthetic->examples > 0 &&
-      te->synthetic->examples > 0) {
-    /* One seed, one task: the test examples are drawn after the train
-     * examples from the same generator (same class prototypes, unseen
-     * examples). A different seed is a different task. */
-    Gpushare__V1__SyntheticDataset both = *tr->synthetic;
-    both.examples = tr->synthetic->examples + te->synthetic->examples;
-    Gpushare__V1__Dataset d = *tr;
-    d.synthetic = &both;
-    gs_dataset all = {0};
-    if (load_dataset(&d, "train", spec, job_dir, data_dir, &all, &e)) goto fail;
-    int rc = gs_dataset_slice(&all, 0, tr->synthetic->examples, &train, &e);
-    if (!rc) rc = gs_dataset_slice(&all, tr->synthetic->examples, te->synthetic->examples, &test, &e);
-    gs_dataset_free(&all);
-    if (rc) goto fail;
-    have_test = true;
-  } else {
-    if (load_dataset(tr, "train", spec, job_dir, data_dir, &train, &e)) goto fail;
-    if (te) {
-      if (load_dataset(te, "test", spec, job_dir, data_dir, &test, &e)) goto fail;
-      have_test = true;
-    }
-  }
+  idx_dirs dirs = {.job_dir = job_dir, .data_dir = data_dir};
+  if (gs_dataset_load_job(&run_spec, load_idx, &dirs, &train, &test, &have_test, &e)) goto fail;
 
   if (gs_alloc_create(b, 0, limit, policy, &alloc)) {
     gs_err_set(&e, GS_RESOURCE_EXHAUSTED, "", "cannot create a %" PRIu64 "-byte %s vdev on %s",

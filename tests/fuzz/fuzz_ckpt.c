@@ -16,6 +16,7 @@
  * and that encode (gs_ckpt_encode) into a checkpoint that loads to the same
  * meta and tensors and encodes to the same bytes again.
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@
 #include "runtime/ckpt.h"
 #include "tests/fuzz/fuzz_tmp.h"
 
-static char tmpdir[4096];
+static char tmpdir[PATH_MAX];
 
 static void cleanup(void) {
   static const char *const files[] = {"ckpt"};
@@ -125,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gs_err_clear(&e);
   int rc;
   if ((mode >> 5) == 7) {
-    char p[4200];
+    char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/ckpt", tmpdir);
     FILE *f = fopen(p, "wb");
     if (!f || (len && fwrite(buf, 1, len, f) != len) || fclose(f) != 0) abort();

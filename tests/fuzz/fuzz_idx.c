@@ -16,6 +16,7 @@
  * an acceptance gives n*h*w*c pixels and n labels, every label below
  * classes, and the set can be gathered, sliced and shuffled.
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@
 #include "runtime/data.h"
 #include "tests/fuzz/fuzz_tmp.h"
 
-static char tmpdir[4096];
+static char tmpdir[PATH_MAX];
 
 static void cleanup(void) {
   static const char *const files[] = {"images", "labels"};
@@ -125,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   gs_err_clear(&e);
   int rc;
   if ((mode >> 5) == 7) {
-    char ip[4200], lp[4200];
+    char ip[PATH_MAX], lp[PATH_MAX];
     snprintf(ip, sizeof ip, "%s/images", tmpdir);
     snprintf(lp, sizeof lp, "%s/labels", tmpdir);
     write_file(ip, img, img_len);

@@ -26,6 +26,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,7 @@
 
 static gs_daemon daemon_;
 static uv_loop_t loop_;
-static char tmpdir[4096];
+static char tmpdir[PATH_MAX];
 #define TENANT "alice"
 #define SHA "3f5a0e8b1c2d4e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7"
 

@@ -7,6 +7,7 @@
 #ifndef GS_FUZZ_TMP_H
 #define GS_FUZZ_TMP_H
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -24,7 +25,7 @@ static inline void fuzz_tmpdir_make(char *dir, size_t len, const char *target) {
 
 /* unlink dir/NAME for each of the n names, then rmdir dir. */
 static inline void fuzz_tmpdir_remove(const char *dir, const char *const *names, size_t n) {
-  char p[4200];
+  char p[PATH_MAX];
   for (size_t i = 0; i < n; i++) {
     snprintf(p, sizeof p, "%s/%s", dir, names[i]);
     unlink(p);

@@ -166,7 +166,7 @@ t "dataset add: floats, not bytes" 1 "INVALID_ARGUMENT|upload_dataset.data|0x000
 spec subcut "vdev: \"a0\" $M train { idx { images: \"$FILES/cut.gz\" labels: \"good-lab\" } }"
 t "submit naming a truncated gzip" 1 "INVALID_ARGUMENT|upload_dataset.data|truncated gzip" sub subcut
 spec subhuge "vdev: \"a0\" $M train { idx { images: \"$FILES/huge\" labels: \"good-lab\" } }"
-t "submit naming a 100 GB claim" 1 "INVALID_ARGUMENT|upload_dataset.data|100000x1000x1000" sub subhuge
+t "submit naming a 100 GB claim" 1 "RESOURCE_EXHAUSTED|upload_dataset.data|100000x1000x1000" sub subhuge
 spec submagic "vdev: \"a0\" $M train { idx { images: \"good-img\" labels: \"$FILES/magic\" } }"
 t "submit naming a wrong magic" 1 "INVALID_ARGUMENT|upload_dataset.data|0x12345678" sub submagic
 spec mismatch "vdev: \"a0\" $M train { idx { images: \"good-img\" labels: \"lab60\" } } batch_size: 8"

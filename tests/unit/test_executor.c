@@ -225,9 +225,8 @@ static void job_spec_init(job_spec *j, uint64_t max_steps, uint32_t epochs) {
 
 /* A job that runs until it is cancelled or shut down: 10,000 epochs (the most
  * a job may ask for) of 65,536 examples, 41 million steps, minutes even at a
- * microsecond a step. (With the 256 examples of job_spec_init it was 160,000
- * steps, about a second: a cancel sent after the first Progress could come
- * after the end.) */
+ * microsecond a step, so a cancel sent after the first Progress always
+ * finds it running. */
 static void job_spec_until_cancelled(job_spec *j) {
   job_spec_init(j, 0, 10000);
   j->syn.examples = 65536;
@@ -540,10 +539,9 @@ Test(executor, shutdown_checkpoints_the_jobs_and_exits_0, .timeout = 600) {
  * up to one slice at the window's ends: over 1.25 s of s25's time (5 s of
  * device time in all) that is 4% of its steps at most, well inside the 15%
  * the test allows. A window counted in steps would shrink as steps get
- * faster (150,000 steps once took 3 s; at 5 us a step they are 0.25 s of
- * s25's time, five slices, and one slice more failed the test on a loaded
- * machine). Device time is CPU time here, so the window is the same under
- * the sanitizers and on a busy machine. */
+ * faster, down to a few slices, where one slice more fails the test. Device
+ * time is CPU time here, so the window is the same under the sanitizers and
+ * on a busy machine. */
 #define SHARES_WINDOW_S 1.25
 
 Test(executor, shares_75_25_give_3_steps_to_1, .timeout = 900) {

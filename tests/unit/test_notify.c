@@ -175,7 +175,7 @@ static int child_activation(enum fd3_kind kind, int same_pid) {
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "1", 1);
   setenv("LISTEN_FDNAMES", "gpushared.socket", 1);
-  int fd = gs_listen_fd();
+  int fd = gs_notify_listen_fd();
   if (!same_pid) {
     if (fd != -1) return 11;
     if (getenv("LISTEN_PID") == NULL) return 12; /* not ours: left for its owner */
@@ -186,7 +186,7 @@ static int child_activation(enum fd3_kind kind, int same_pid) {
   if (fd != 3) return 15;
   int flags = fcntl(3, F_GETFD);
   if (flags < 0 || !(flags & FD_CLOEXEC)) return 16;
-  if (gs_listen_fd() != -1) return 17; /* the variables are gone: second call finds none */
+  if (gs_notify_listen_fd() != -1) return 17; /* the variables are gone: second call finds none */
   return 0;
 }
 
@@ -211,11 +211,11 @@ Test(notify, listen_fd_refuses_datagram_socket) { run_activation(FD3_DGRAM, 1); 
 Test(notify, listen_fd_refuses_pipe) { run_activation(FD3_PIPE, 1); }
 
 Test(notify, listen_fd_without_variables) {
-  cr_assert_lt(gs_listen_fd(), 0);
+  cr_assert_lt(gs_notify_listen_fd(), 0);
   char pid[32];
   snprintf(pid, sizeof pid, "%ld", (long)getpid());
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "0", 1);
-  cr_assert_eq(gs_listen_fd(), -1, "LISTEN_FDS=0 passes no socket");
+  cr_assert_eq(gs_notify_listen_fd(), -1, "LISTEN_FDS=0 passes no socket");
   cr_assert_null(getenv("LISTEN_FDS"));
 }

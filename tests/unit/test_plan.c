@@ -8,7 +8,7 @@
  * a synthetic set of the same shape, since memory depends on shapes only.
  * Each job is created for real on the CPU backend with a fresh vdev
  * allocator and runs one optimizer step; the allocator's peak in use must be
- * within 5% of the plan (issue 4's contract), and the per-role bytes the
+ * within 5% of the plan (the planner's contract), and the per-role bytes the
  * allocator holds must equal the plan's (the planner and the runtime share
  * one buffer list, so they agree exactly unless one of them drifts).
  */

@@ -286,7 +286,7 @@ Test(rpc, plan_and_submit_store_the_job_queued) {
   cr_assert_eq(n, 1);
   cr_assert_eq(rows[0].state, GPUSHARE__V1__JOB_STATE__QUEUED);
   cr_assert_str_eq(rows[0].tenant, "alice");
-  gs_job_rows_free(rows, n);
+  gs_store_job_rows_free(rows, n);
 
   r = job_status(&alice, 1);
   expect_ok(r);

@@ -301,7 +301,7 @@ Test(store, jobs_in_one_transaction) {
   cr_assert_eq(rows[0].id, id);
   cr_assert_eq(rows[0].record_len, 3);
   cr_assert_eq(memcmp(rows[0].record, "rec", 3), 0);
-  gs_job_rows_free(rows, n);
+  gs_store_job_rows_free(rows, n);
   cr_assert_lt(gs_store_vdev_delete(s, "v", &e), 0, "a vdev with a queued job stays");
   cr_assert_eq(e.code, GS_FAILED_PRECONDITION);
   cr_assert_eq(gs_store_job_update(s, id, 2, 0, (const uint8_t *)"done", 4, &e), 0);
