@@ -23,8 +23,8 @@
 #include <errno.h>
 #include <stdint.h>
 
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "proto/gpushare.pb-c.h"
 
 #define GS_CLIENT_DEFAULT_SOCKET "/run/gpushared.sock"
 #define GS_CLIENT_REFUSED (-EREMOTEIO) /* the daemon answered, with a non-OK code */

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <strings.h>
 
-#include "client/client.h"
 #include "client/cli.h"
-#include "client/gpuctl.h"
+#include "client/client.h"
 #include "client/cmd_admin.h"
+#include "client/gpuctl.h"
 #include "client/table.h"
 
 #ifndef GS_VERSION

@@ -16,11 +16,11 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-#include "client/client.h"
 #include "client/cli.h"
-#include "client/gpuctl.h"
+#include "client/client.h"
 #include "client/cmd_admin.h"
 #include "client/cmd_dataset.h"
+#include "client/gpuctl.h"
 #include "client/pbjson.h"
 #include "client/table.h"
 

@@ -23,54 +23,29 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client.h"
-#include "proto/wire.h"
 #include "client/cli.h"
-#include "client/gpuctl.h"
+#include "client/client.h"
 #include "client/cmd_dataset.h"
 #include "client/cmd_job.h"
 #include "client/cmd_watch.h"
-#include "present/present.h"
+#include "client/gpuctl.h"
 #include "client/pbjson.h"
 #include "client/table.h"
+#include "common/file.h"
+#include "present/present.h"
+#include "proto/wire.h"
 
 /* ------------------------------------------------------------- job specs --- */
 
-/* Read a whole file of at most GS_WIRE_MAX_FRAME bytes (a job spec is a few
- * kilobytes; anything larger could not be sent anyway). malloc'd. */
+/* A job spec file, whole (a spec is a few kilobytes; anything larger than
+ * a frame could not be sent anyway). malloc'd. */
 static int read_small_file(const char *path, uint8_t **out, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return cli_fail("cannot read %s: %s", path, strerror(errno));
-  uint8_t *buf = malloc(GS_WIRE_MAX_FRAME + 1);
-  size_t n = 0;
-  int rc = GPUCTL_EXIT_FAIL;
-  if (!buf) {
-    cli_fail("out of memory");
-    goto fail_fd;
-  }
-  for (;;) {
-    ssize_t k = read(fd, buf + n, GS_WIRE_MAX_FRAME + 1 - n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) {
-      cli_fail("cannot read %s: %s", path, strerror(errno));
-      goto fail_buf;
-    }
-    if (k == 0) break;
-    n += (size_t)k;
-    if (n > GS_WIRE_MAX_FRAME) {
-      cli_fail("%s is larger than %u bytes; a job spec is a few kilobytes", path, GS_WIRE_MAX_FRAME);
-      goto fail_buf;
-    }
-  }
-  *out = buf;
-  *len = n;
-  close(fd);
-  return 0;
-fail_buf:
-  free(buf);
-fail_fd:
-  close(fd);
-  return rc;
+  gs_err e = {0};
+  int rc = gs_file_read(path, GS_WIRE_MAX_FRAME, NULL, out, len, &e);
+  if (rc == -EFBIG)
+    return cli_fail("%s is larger than %u bytes; a job spec is a few kilobytes", path,
+                    GS_WIRE_MAX_FRAME);
+  return rc ? cli_fail("%s", e.msg) : 0;
 }
 
 /* Unpack a binary JobSpec held in buf; on failure say what the file is

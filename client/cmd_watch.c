@@ -16,13 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client.h"
 #include "client/cli.h"
-#include "client/gpuctl.h"
-#include "present/present.h"
+#include "client/client.h"
 #include "client/cmd_watch.h"
+#include "client/gpuctl.h"
 #include "client/pbjson.h"
 #include "client/table.h"
+#include "present/present.h"
 
 /* ---------------------------------------------------------------- events --- */
 

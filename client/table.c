@@ -15,9 +15,9 @@
 #include <time.h>
 
 #include "client/client.h" /* the gpushare.v1 enums */
-#include "common/size.h"
 #include "client/gpuctl.h"
 #include "client/table.h"
+#include "common/size.h"
 
 void table_cell(table *t, const char *fmt, ...) {
   if (t->ncells == t->cap) {

@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "control/config.h"
 #include "common/error.h"
+#include "control/config.h"
 
 typedef struct gs_device {
   char name[32];     /* "cpu", "gpu0", ... */

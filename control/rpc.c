@@ -23,12 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/size.h"
 #include "control/auth.h"
 #include "control/log.h"
 #include "control/rpc_admin.h"
 #include "control/rpc_datasets.h"
 #include "control/rpc_jobs.h"
-#include "common/size.h"
 #include "proto/wire.h"
 
 static int oom(gs_call *c, gs_err *e) {

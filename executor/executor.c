@@ -66,19 +66,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/alloc.h"
-#include "kernels/backend.h"
-#include "runtime/data.h"
-#include "proto/executor.pb-c.h"
-#include "executor/fairshare.h"
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "common/size.h"
+#include "executor/fairshare.h"
+#include "kernels/backend.h"
+#include "proto/executor.pb-c.h"
+#include "proto/gpushare.pb-c.h"
+#include "proto/wire.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
 #include "runtime/model.h"
 #include "runtime/oom.h"
-#include "common/size.h"
 #include "runtime/spec_pb.h"
 #include "runtime/train.h"
-#include "proto/wire.h"
 /* executor.cmake defines these where the pieces are part of the build. */
 #include "kernels/loader.h" /* the CUDA plugin loader: gpuN devices */
 #include "runtime/plan.h" /* planned peaks and what would fit after an OOM */

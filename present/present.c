@@ -18,51 +18,8 @@
 #include <string.h>
 
 #include "common/size.h"
+#include "common/strbuf.h"
 
-/* ------------------------------------------------------- string builder --- */
-
-typedef struct sb {
-  char *buf;
-  size_t len, cap;
-  bool failed;
-} sb;
-
-static void sb_printf(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sb *s, const char *fmt, ...) {
-  if (s->failed) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = s->cap - s->len;
-    int n = vsnprintf(s->buf ? s->buf + s->len : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      s->failed = true;
-      return;
-    }
-    if ((size_t)n < room) {
-      s->len += (size_t)n;
-      return;
-    }
-    size_t cap = s->cap ? s->cap * 2 : 1024;
-    while (cap - s->len <= (size_t)n) cap *= 2;
-    char *nb = realloc(s->buf, cap);
-    if (!nb) {
-      s->failed = true;
-      return;
-    }
-    s->buf = nb;
-    s->cap = cap;
-  }
-}
-
-static char *sb_take(sb *s) {
-  if (s->failed || !s->buf) {
-    free(s->buf);
-    return s->failed ? NULL : strdup("");
-  }
-  return s->buf;
-}
 
 static const char *sz(uint64_t bytes, char *buf) { return gs_size_format(bytes, buf, 32); }
 
@@ -119,7 +76,7 @@ static void row_name(const Gpushare__V1__PlanRow *row, bool job, char *buf, size
 }
 
 char *gs_present_plan(const Gpushare__V1__Plan *p) {
-  sb s = {0};
+  gs_strbuf s = {0};
   char a[32], bb[32], g[40];
   uint64_t by_role[ROLES] = {0};
   bool col[ROLES] = {0};
@@ -142,19 +99,19 @@ char *gs_present_plan(const Gpushare__V1__Plan *p) {
   }
   const int wn = 12, wb = 11;
   int width = wl + 1 + ws + 1 + wn;
-  sb_printf(&s, "%-*s %-*s %*s", wl, "Layer", ws, "Output shape", wn, "Param #");
+  gs_strbuf_printf(&s, "%-*s %-*s %*s", wl, "Layer", ws, "Output shape", wn, "Param #");
   for (int r = 0; r < ROLES; r++)
     if (col[r]) {
-      sb_printf(&s, " %*s", wb, role_names[r]);
+      gs_strbuf_printf(&s, " %*s", wb, role_names[r]);
       width += wb + 1;
     }
-  sb_printf(&s, " %*s\n", wb, "total");
+  gs_strbuf_printf(&s, " %*s\n", wb, "total");
   width += wb + 1;
   char rule[512];
   int rw = width < (int)sizeof rule - 1 ? width : (int)sizeof rule - 1;
   memset(rule, '=', (size_t)rw);
   rule[rw] = '\0';
-  sb_printf(&s, "%s\n", rule);
+  gs_strbuf_printf(&s, "%s\n", rule);
   for (size_t i = 0; i < n; i++) {
     const Gpushare__V1__PlanRow *row = p->row[i];
     char name[160];
@@ -162,26 +119,26 @@ char *gs_present_plan(const Gpushare__V1__Plan *p) {
     uint64_t v[ROLES], tot = 0;
     row_bytes(row, v);
     for (int r = 0; r < ROLES; r++) tot += v[r];
-    sb_printf(&s, "%-*s %-*s %*s", wl, name, ws, str(row->output_shape), wn,
+    gs_strbuf_printf(&s, "%-*s %-*s %*s", wl, name, ws, str(row->output_shape), wn,
               i + 1 == n ? "" : grouped(row->parameters, g, sizeof g));
     for (int r = 0; r < ROLES; r++)
-      if (col[r]) sb_printf(&s, " %*s", wb, v[r] ? sz(v[r], a) : "-");
-    sb_printf(&s, " %*s\n", wb, tot ? sz(tot, a) : "-");
+      if (col[r]) gs_strbuf_printf(&s, " %*s", wb, v[r] ? sz(v[r], a) : "-");
+    gs_strbuf_printf(&s, " %*s\n", wb, tot ? sz(tot, a) : "-");
   }
   memset(rule, '-', (size_t)rw);
-  sb_printf(&s, "%s\n", rule);
-  sb_printf(&s, "%-*s %-*s %*s", wl, "Total", ws, "", wn, grouped(p->parameters, g, sizeof g));
+  gs_strbuf_printf(&s, "%s\n", rule);
+  gs_strbuf_printf(&s, "%-*s %-*s %*s", wl, "Total", ws, "", wn, grouped(p->parameters, g, sizeof g));
   for (int r = 0; r < ROLES; r++)
-    if (col[r]) sb_printf(&s, " %*s", wb, sz(by_role[r], a));
-  sb_printf(&s, " %*s\n", wb, sz(p->peak_bytes, a));
-  sb_printf(&s, "%s\n", rule);
-  sb_printf(&s,
+    if (col[r]) gs_strbuf_printf(&s, " %*s", wb, sz(by_role[r], a));
+  gs_strbuf_printf(&s, " %*s\n", wb, sz(p->peak_bytes, a));
+  gs_strbuf_printf(&s, "%s\n", rule);
+  gs_strbuf_printf(&s,
             "Parameters: %s; micro-batch %u x %u accumulation step%s (effective batch %" PRIu64
             "), %s\n",
             grouped(p->parameters, g, sizeof g), p->micro_batch, p->accumulation_steps,
             p->accumulation_steps == 1 ? "" : "s",
             (uint64_t)p->micro_batch * p->accumulation_steps, precision_name(p->precision));
-  sb_printf(&s, "Predicted peak: %s (%" PRIu64 " bytes; every tensor is allocated once, at job "
+  gs_strbuf_printf(&s, "Predicted peak: %s (%" PRIu64 " bytes; every tensor is allocated once, at job "
                 "start)\n",
             sz(p->peak_bytes, a), p->peak_bytes);
   const uint64_t limit = p->limit_bytes;
@@ -189,18 +146,18 @@ char *gs_present_plan(const Gpushare__V1__Plan *p) {
     bool grow = p->has_fits_growth ? p->fits_growth : p->fits;
     bool pre = p->has_fits_preallocate ? p->fits_preallocate : p->peak_bytes <= limit;
     if (grow)
-      sb_printf(&s, "Limit %s: fits (%s to spare)\n", sz(limit, a), sz(limit - p->peak_bytes, bb));
+      gs_strbuf_printf(&s, "Limit %s: fits (%s to spare)\n", sz(limit, a), sz(limit - p->peak_bytes, bb));
     else if (pre)
-      sb_printf(&s,
+      gs_strbuf_printf(&s,
                 "Limit %s: fits a preallocated vdev (%s to spare) but NOT a growth one: its "
                 "regions (2 MiB, then doubling) leave no single region for the largest "
                 "buffers\n",
                 sz(limit, a), sz(limit - p->peak_bytes, bb));
     else
-      sb_printf(&s, "Limit %s: does NOT fit by %s\n", sz(limit, a),
+      gs_strbuf_printf(&s, "Limit %s: does NOT fit by %s\n", sz(limit, a),
                 sz(p->peak_bytes > limit ? p->peak_bytes - limit : 0, bb));
   }
-  return sb_take(&s);
+  return gs_strbuf_take(&s);
 }
 
 /* ------------------------------------------------------- the OOM report --- */
@@ -214,23 +171,23 @@ static const char *cause_name(int c) {
 }
 
 char *gs_present_oom(const Gpushare__V1__OomReport *r) {
-  sb s = {0};
+  gs_strbuf s = {0};
   char a[32], bb[32], c[32], d[32];
-  sb_printf(&s, "out of memory: %s\n", cause_name(r->cause));
-  sb_printf(&s, "  tensor   layer %s, role %s, shape %s, %s, %s (%" PRIu64 " bytes)\n",
+  gs_strbuf_printf(&s, "out of memory: %s\n", cause_name(r->cause));
+  gs_strbuf_printf(&s, "  tensor   layer %s, role %s, shape %s, %s, %s (%" PRIu64 " bytes)\n",
             r->layer ? r->layer : "?", r->role ? r->role : "?", r->shape ? r->shape : "?",
             r->dtype ? r->dtype : "?", sz(r->bytes, a), r->bytes);
-  sb_printf(&s, "  vdev     %s%slimit %s, in use %s, reserved %s, largest free block %s, "
+  gs_strbuf_printf(&s, "  vdev     %s%slimit %s, in use %s, reserved %s, largest free block %s, "
                 "fragmentation %.0f%%\n",
             r->vdev && r->vdev[0] ? r->vdev : "", r->vdev && r->vdev[0] ? ": " : "",
             sz(r->limit_bytes, a), sz(r->in_use_bytes, bb), sz(r->reserved_bytes, c),
             sz(r->largest_free_bytes, d), (double)r->fragmentation * 100.0);
-  sb_printf(&s, "  why      %s\n", r->explanation ? r->explanation : "");
+  gs_strbuf_printf(&s, "  why      %s\n", r->explanation ? r->explanation : "");
   if (r->n_suggestion == 0)
-    sb_printf(&s, "  fits     nothing smaller of this job fits\n");
+    gs_strbuf_printf(&s, "  fits     nothing smaller of this job fits\n");
   for (size_t i = 0; i < r->n_suggestion; i++)
-    sb_printf(&s, "  %-8s %s\n", i ? "" : "fits", str(r->suggestion[i]->what));
-  return sb_take(&s);
+    gs_strbuf_printf(&s, "  %-8s %s\n", i ? "" : "fits", str(r->suggestion[i]->what));
+  return gs_strbuf_take(&s);
 }
 
 /* ------------------------------------------------------ memory timeline --- */
@@ -250,7 +207,7 @@ static void tbl_row(tbl *t, const char *const *cells) {
   t->rows++;
 }
 
-static void tbl_emit(sb *s, const tbl *t) {
+static void tbl_emit(gs_strbuf *s, const tbl *t) {
   size_t w[12] = {0};
   for (size_t r = 0; r < t->rows; r++)
     for (size_t c = 0; c < t->cols; c++)
@@ -258,10 +215,10 @@ static void tbl_emit(sb *s, const tbl *t) {
   for (size_t r = 0; r < t->rows; r++)
     for (size_t c = 0; c < t->cols; c++) {
       bool last = c == t->cols - 1;
-      if (t->right & (1u << c)) sb_printf(s, "%*s", (int)w[c], t->cells[r][c]);
-      else if (last) sb_printf(s, "%s", t->cells[r][c]);
-      else sb_printf(s, "%-*s", (int)w[c], t->cells[r][c]);
-      sb_printf(s, "%s", last ? "\n" : "  ");
+      if (t->right & (1u << c)) gs_strbuf_printf(s, "%*s", (int)w[c], t->cells[r][c]);
+      else if (last) gs_strbuf_printf(s, "%s", t->cells[r][c]);
+      else gs_strbuf_printf(s, "%-*s", (int)w[c], t->cells[r][c]);
+      gs_strbuf_printf(s, "%s", last ? "\n" : "  ");
     }
 }
 
@@ -270,7 +227,7 @@ static void tbl_emit(sb *s, const tbl *t) {
 
 /* Peak in use by step, grouped into at most CHART_ROWS rows by max, the
  * planned peak marked '|' where no bar covers it. */
-static void timeline_chart(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
+static void timeline_chart(gs_strbuf *s, const Gpushare__V1__MemoryTimeline *tl) {
   char a[32];
   size_t n = tl->n_step, rows = n < CHART_ROWS ? n : CHART_ROWS;
   uint64_t top = tl->planned_peak_bytes;
@@ -280,9 +237,9 @@ static void timeline_chart(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
   size_t plan_col =
       tl->planned_peak_bytes ? (size_t)((double)tl->planned_peak_bytes / (double)top * CHART_WIDTH) : 0;
   if (plan_col >= CHART_WIDTH) plan_col = CHART_WIDTH - 1;
-  sb_printf(s, "\npeak in use by step (%s full scale", sz(top, a));
-  if (tl->planned_peak_bytes) sb_printf(s, "; | is the planned peak %s", sz(tl->planned_peak_bytes, a));
-  sb_printf(s, "):\n");
+  gs_strbuf_printf(s, "\npeak in use by step (%s full scale", sz(top, a));
+  if (tl->planned_peak_bytes) gs_strbuf_printf(s, "; | is the planned peak %s", sz(tl->planned_peak_bytes, a));
+  gs_strbuf_printf(s, "):\n");
   for (size_t r = 0; r < rows; r++) {
     size_t lo = r * n / rows, hi = (r + 1) * n / rows; /* steps [lo, hi) of the list */
     uint64_t peak = 0;
@@ -298,12 +255,12 @@ static void timeline_chart(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
     for (size_t c = 0; c < CHART_WIDTH; c++) bar[c] = c < len ? '#' : ' ';
     if (tl->planned_peak_bytes && bar[plan_col] == ' ') bar[plan_col] = '|';
     bar[CHART_WIDTH] = '\0';
-    sb_printf(s, "  %-20s %s %s\n", label, bar, sz(peak, a));
+    gs_strbuf_printf(s, "  %-20s %s %s\n", label, bar, sz(peak, a));
   }
 }
 
 /* The bytes by layer and role at the peak, with a total row and column. */
-static void timeline_at_peak(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
+static void timeline_at_peak(gs_strbuf *s, const Gpushare__V1__MemoryTimeline *tl) {
   tbl t = {.cap = tl->n_at_peak + 2, .cols = 11, .right = 0x7f8u};
   t.cells = calloc(t.cap, sizeof *t.cells);
   if (!t.cells) {
@@ -333,24 +290,24 @@ static void timeline_at_peak(sb *s, const Gpushare__V1__MemoryTimeline *tl) {
   for (int k = 0; k <= ROLES; k++) sz(sum[k], cell[k]);
   tbl_row(&t, (const char *const[]){"total", "", "", cell[0], cell[1], cell[2], cell[3], cell[4],
                                     cell[5], cell[6], cell[7]});
-  sb_printf(s, "\nat the peak, by layer and role:\n");
+  gs_strbuf_printf(s, "\nat the peak, by layer and role:\n");
   tbl_emit(s, &t);
   free(t.cells);
 }
 
 char *gs_present_timeline(const Gpushare__V1__MemoryTimeline *tl) {
-  sb s = {0};
+  gs_strbuf s = {0};
   char a[32];
   if (!tl->n_step && !tl->n_at_peak && !tl->peak_bytes) {
-    sb_printf(&s, "planned peak:  %s\n", sz(tl->planned_peak_bytes, a));
-    sb_printf(&s, "(the measured timeline is there once the job has ended)\n");
-    return sb_take(&s);
+    gs_strbuf_printf(&s, "planned peak:  %s\n", sz(tl->planned_peak_bytes, a));
+    gs_strbuf_printf(&s, "(the measured timeline is there once the job has ended)\n");
+    return gs_strbuf_take(&s);
   }
-  sb_printf(&s, "measured peak: %s\n", sz(tl->peak_bytes, a));
+  gs_strbuf_printf(&s, "measured peak: %s\n", sz(tl->peak_bytes, a));
   if (tl->planned_peak_bytes)
-    sb_printf(&s, "planned peak:  %s (measured is %.1f%% of planned)\n", sz(tl->planned_peak_bytes, a),
+    gs_strbuf_printf(&s, "planned peak:  %s (measured is %.1f%% of planned)\n", sz(tl->planned_peak_bytes, a),
               100.0 * (double)tl->peak_bytes / (double)tl->planned_peak_bytes);
   if (tl->n_step) timeline_chart(&s, tl);
   if (tl->n_at_peak) timeline_at_peak(&s, tl);
-  return sb_take(&s);
+  return gs_strbuf_take(&s);
 }

@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "proto/gpushare.pb-c.h"
 
 #define GS_WIRE_MAX_FRAME (16u << 20) /* 16 MiB: body bytes of one frame */
 

@@ -24,6 +24,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/file.h"
+
 #define HDR_BYTES 24u       /* magic, version, count, file bytes */
 #define META_FIXED 60u      /* metadata before the spec bytes */
 #define CRC_BYTES 4u
@@ -616,57 +618,12 @@ int gs_ckpt_load_mem(const uint8_t *data, size_t len, gs_ckpt **out, gs_err *e) 
 }
 
 int gs_ckpt_load(const char *path, gs_ckpt **out, gs_err *e) {
-  int rc = 0;
-  uint8_t *buf = NULL;
+  uint8_t *buf;
+  size_t len;
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    rc = -errno;
-    return gs_err_set(e, rc == -ENOENT ? GS_NOT_FOUND : GS_FAILED_PRECONDITION, "checkpoint",
-                      "cannot open checkpoint %s: %s", path, strerror(errno)),
-           rc;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    rc = -errno;
-    gs_err_set(e, GS_INTERNAL, "checkpoint", "cannot stat %s: %s", path, strerror(errno));
-    goto fail;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    rc = -EINVAL;
-    gs_err_set(e, GS_FAILED_PRECONDITION, "checkpoint", "%s is not a regular file", path);
-    goto fail;
-  }
-  if ((uint64_t)st.st_size > SIZE_MAX) {
-    rc = -EFBIG;
-    gs_err_set(e, GS_RESOURCE_EXHAUSTED, "checkpoint", "%s is too large to load", path);
-    goto fail;
-  }
-  size_t n = (size_t)st.st_size, off = 0;
-  buf = malloc(n ? n : 1);
-  if (!buf) {
-    rc = -ENOMEM;
-    gs_err_set(e, GS_RESOURCE_EXHAUSTED, "checkpoint", "no memory for the %zu bytes of %s", n,
-               path);
-    goto fail;
-  }
-  while (off < n) {
-    ssize_t r = read(fd, buf + off, n - off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      rc = -errno;
-      gs_err_set(e, GS_INTERNAL, "checkpoint", "cannot read %s: %s", path, strerror(errno));
-      goto fail;
-    }
-    if (r == 0) break;
-    off += (size_t)r;
-  }
-  close(fd);
-  return load_buf(buf, off, path, out, e);
-fail:
-  free(buf);
-  close(fd);
-  return rc;
+  int rc = gs_file_read(path, SIZE_MAX - 1, "checkpoint", &buf, &len, e);
+  if (rc) return rc;
+  return load_buf(buf, len, path, out, e);
 }
 
 void gs_ckpt_free(gs_ckpt *c) {

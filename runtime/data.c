@@ -11,9 +11,6 @@
  */
 #include "runtime/data.h"
 
-#include "common/file.h"
-#include "runtime/idx.h"
-
 #include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -23,7 +20,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+
+#include "common/file.h"
+#include "runtime/idx.h"
 
 /* ---- PRNG ---------------------------------------------------------------- */
 

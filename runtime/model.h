@@ -31,8 +31,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kernels/backend.h"
 #include "common/error.h"
+#include "kernels/backend.h"
 #include "runtime/spec.h"
 
 /* Limits the validator enforces (and documents in its messages). */

@@ -37,66 +37,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/model.h"
 #include "common/size.h"
+#include "common/strbuf.h"
+#include "runtime/model.h"
 #include "runtime/train.h"
 
-/* ------------------------------------------------------- string builder --- */
 
-typedef struct sb {
-  char *buf;
-  size_t len, cap;
-  bool failed;
-} sb;
-
-static void sb_printf(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sb *s, const char *fmt, ...) {
-  if (s->failed) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = s->cap - s->len;
-    int n = vsnprintf(s->buf ? s->buf + s->len : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      s->failed = true;
-      return;
-    }
-    if ((size_t)n < room) {
-      s->len += (size_t)n;
-      return;
-    }
-    size_t cap = s->cap ? s->cap * 2 : 1024;
-    while (cap - s->len <= (size_t)n) cap *= 2;
-    char *nb = realloc(s->buf, cap);
-    if (!nb) {
-      s->failed = true;
-      return;
-    }
-    s->buf = nb;
-    s->cap = cap;
-  }
-}
-
-static char *sb_take(sb *s) {
-  if (s->failed || !s->buf) {
-    free(s->buf);
-    return s->failed ? NULL : strdup("");
-  }
-  return s->buf;
-}
-
-static void sb_json_str(sb *s, const char *v) {
-  sb_printf(s, "\"");
+static void sb_json_str(gs_strbuf *s, const char *v) {
+  gs_strbuf_printf(s, "\"");
   for (const unsigned char *p = (const unsigned char *)(v ? v : ""); *p; p++) {
     if (*p == '"' || *p == '\\')
-      sb_printf(s, "\\%c", *p);
+      gs_strbuf_printf(s, "\\%c", *p);
     else if (*p < 0x20)
-      sb_printf(s, "\\u%04x", *p);
+      gs_strbuf_printf(s, "\\u%04x", *p);
     else
-      sb_printf(s, "%c", *p);
+      gs_strbuf_printf(s, "%c", *p);
   }
-  sb_printf(s, "\"");
+  gs_strbuf_printf(s, "\"");
 }
 
 static const char *sz(uint64_t bytes, char *buf) { return gs_size_format(bytes, buf, 32); }
@@ -284,36 +241,36 @@ static uint32_t largest_fit(const gs_job_spec *spec, const gs_backend *b,
 /* ------------------------------------------------------------------ JSON --- */
 
 char *gs_plan_json(const gs_plan *p, uint64_t limit) {
-  sb s = {0};
-  sb_printf(&s, "{\"micro_batch\":%u,\"accumulation_steps\":%u,\"effective_batch\":%" PRIu64
+  gs_strbuf s = {0};
+  gs_strbuf_printf(&s, "{\"micro_batch\":%u,\"accumulation_steps\":%u,\"effective_batch\":%" PRIu64
                 ",\"precision\":\"%s\",\"parameters\":%" PRIu64 ",\"peak_bytes\":%" PRIu64
                 ",\"limit_bytes\":%" PRIu64,
             p->micro_batch, p->accumulation_steps,
             (uint64_t)p->micro_batch * p->accumulation_steps, precision_name(p->precision),
             p->parameters, p->peak_bytes, limit);
   if (limit)
-    sb_printf(&s, ",\"fits\":%s,\"fits_preallocate\":%s",
+    gs_strbuf_printf(&s, ",\"fits\":%s,\"fits_preallocate\":%s",
               gs_plan_fits(p, limit, GS_POLICY_GROWTH) ? "true" : "false",
               gs_plan_fits(p, limit, GS_POLICY_PREALLOCATE) ? "true" : "false");
-  sb_printf(&s, ",\"by_role\":{");
+  gs_strbuf_printf(&s, ",\"by_role\":{");
   for (int r = 0; r < GS_ROLE_COUNT; r++)
-    sb_printf(&s, "%s\"%s\":%" PRIu64, r ? "," : "", gs_role_name((gs_role)r), p->by_role[r]);
-  sb_printf(&s, "},\"rows\":[");
+    gs_strbuf_printf(&s, "%s\"%s\":%" PRIu64, r ? "," : "", gs_role_name((gs_role)r), p->by_role[r]);
+  gs_strbuf_printf(&s, "},\"rows\":[");
   for (size_t i = 0; i < p->n_rows; i++) {
     const gs_plan_row *row = &p->rows[i];
-    sb_printf(&s, "%s{\"layer\":", i ? "," : "");
+    gs_strbuf_printf(&s, "%s{\"layer\":", i ? "," : "");
     sb_json_str(&s, row->layer);
-    sb_printf(&s, ",\"kind\":");
+    gs_strbuf_printf(&s, ",\"kind\":");
     sb_json_str(&s, row->kind);
-    sb_printf(&s, ",\"output_shape\":");
+    gs_strbuf_printf(&s, ",\"output_shape\":");
     sb_json_str(&s, row->output_shape);
-    sb_printf(&s, ",\"parameters\":%" PRIu64 ",\"bytes\":{", row->parameters);
+    gs_strbuf_printf(&s, ",\"parameters\":%" PRIu64 ",\"bytes\":{", row->parameters);
     for (int r = 0; r < GS_ROLE_COUNT; r++)
-      sb_printf(&s, "%s\"%s\":%" PRIu64, r ? "," : "", gs_role_name((gs_role)r), row->bytes[r]);
-    sb_printf(&s, "}}");
+      gs_strbuf_printf(&s, "%s\"%s\":%" PRIu64, r ? "," : "", gs_role_name((gs_role)r), row->bytes[r]);
+    gs_strbuf_printf(&s, "}}");
   }
-  sb_printf(&s, "]}");
-  return sb_take(&s);
+  gs_strbuf_printf(&s, "]}");
+  return gs_strbuf_take(&s);
 }
 
 /* ---------------------------------------------------------- suggestions --- */

@@ -19,9 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/alloc.h"
-#include "kernels/backend.h"
 #include "common/error.h"
+#include "kernels/backend.h"
+#include "runtime/alloc.h"
 #include "runtime/spec.h"
 #include "runtime/train.h"
 

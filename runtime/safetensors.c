@@ -27,6 +27,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/file.h"
+
 #define ST_EFORMAT (-EPROTO)
 #define ST_ETRUNC (-ENOMSG)
 
@@ -715,46 +717,12 @@ int gs_safetensors_read_mem(const uint8_t *data, size_t len, gs_safetensors **ou
 }
 
 int gs_safetensors_read(const char *path, gs_safetensors **out, gs_err *e) {
+  uint8_t *buf;
+  size_t len;
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    return gs_err_set(e, err == ENOENT ? GS_NOT_FOUND : GS_FAILED_PRECONDITION, "safetensors",
-                      "cannot open %s: %s", path, strerror(err)),
-           -err;
-  }
-  struct stat st;
-  uint8_t *buf = NULL;
-  int rc = 0;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > SIZE_MAX) {
-    rc = -EINVAL;
-    gs_err_set(e, GS_FAILED_PRECONDITION, "safetensors", "%s is not a readable regular file",
-               path);
-    goto fail;
-  }
-  size_t n = (size_t)st.st_size, off = 0;
-  buf = malloc(n ? n : 1);
-  if (!buf) {
-    rc = (gs_err_set(e, GS_RESOURCE_EXHAUSTED, "safetensors", "no memory"), -ENOMEM);
-    goto fail;
-  }
-  while (off < n) {
-    ssize_t r = read(fd, buf + off, n - off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      rc = -errno;
-      gs_err_set(e, GS_INTERNAL, "safetensors", "cannot read %s: %s", path, strerror(errno));
-      goto fail;
-    }
-    if (r == 0) break;
-    off += (size_t)r;
-  }
-  close(fd);
-  return read_buf(buf, off, out, e);
-fail:
-  free(buf);
-  close(fd);
-  return rc;
+  int rc = gs_file_read(path, SIZE_MAX - 1, "safetensors", &buf, &len, e);
+  if (rc) return rc;
+  return read_buf(buf, len, out, e);
 }
 
 const gs_ckpt_tensor *gs_safetensors_find(const gs_safetensors *s, const char *name) {

@@ -23,8 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/ckpt.h"
 #include "common/error.h"
+#include "runtime/ckpt.h"
 
 /* The largest header the reader accepts (the Rust crate's limit). */
 #define GS_SAFETENSORS_HEADER_MAX (100u * 1024u * 1024u)

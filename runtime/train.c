@@ -47,9 +47,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/fpenv.h"
 #include "runtime/ckpt.h"
 #include "runtime/safetensors.h"
-#include "kernels/fpenv.h"
 
 /* Loss-scale block on the device: one 256-byte allocation. */
 #define LS_SCALE 0   /* float: current loss scale (1 unless fp16) */

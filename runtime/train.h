@@ -58,10 +58,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/alloc.h"
-#include "kernels/backend.h"
-#include "runtime/data.h"
 #include "common/error.h"
+#include "kernels/backend.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
 #include "runtime/model.h"
 
 /* After each optimizer step. */

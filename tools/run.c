@@ -44,18 +44,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/alloc.h"
-#include "kernels/backend.h"
-#include "runtime/data.h"
-#include "proto/gpushare.pb-c.h"
 #include "common/error.h"
+#include "common/size.h"
+#include "kernels/backend.h"
+#include "present/present.h"
+#include "proto/gpushare.pb-c.h"
+#include "runtime/alloc.h"
+#include "runtime/data.h"
 #include "runtime/model.h"
 #include "runtime/oom.h"
 #include "runtime/plan.h"
-#include "common/size.h"
 #include "runtime/spec_pb.h"
 #include "runtime/train.h"
-#include "present/present.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 #define JOB_MAX_BYTES (16u << 20) /* the wire's frame limit: a spec is small */

@@ -22,11 +22,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "proto/gpushare.pb-c.h"
 #include "runtime/alloc.h"
 #include "runtime/data.h"
-#include "proto/gpushare.pb-c.h"
-#include "runtime/train.h"
 #include "runtime/spec_pb.h"
+#include "runtime/train.h"
 
 static double now_ns(void) {
   struct timespec ts;

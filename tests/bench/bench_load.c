@@ -42,9 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/gpushare.pb-c.h"
 #include "client/client.h"
 #include "common/error.h"
+#include "proto/gpushare.pb-c.h"
 
 #define MAX_ROLES 16
 #define MAX_CLIENTS 4096

@@ -24,11 +24,11 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "present/present.h"
 #include "proto/gpushare.pb-c.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
 #include "runtime/spec_pb.h"
-#include "present/present.h"
 
 static void check_shape(const gs_shape *s, const gs_model *m) {
   if (s->rank != 1 && s->rank != 3) abort();

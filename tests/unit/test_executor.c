@@ -26,10 +26,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/backend.h"
 #include "proto/executor.pb-c.h"
 #include "proto/gpushare.pb-c.h"
 #include "proto/wire.h"
-#include "kernels/backend.h"
 #include "runtime/plan.h"
 #include "runtime/spec_pb.h"
 

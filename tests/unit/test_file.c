@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -72,7 +74,7 @@ Test(file, over_the_cap_is_refused_with_size_and_cap) {
   cr_assert(strstr(e.msg, "10 bytes") && strstr(e.msg, "9"), "%s", e.msg);
 }
 
-Test(file, missing_is_not_found_and_directory_is_invalid) {
+Test(file, missing_is_not_found_and_a_directory_is_refused) {
   char p[128];
   snprintf(p, sizeof p, "%s/none", dir);
   uint8_t *buf;
@@ -84,7 +86,52 @@ Test(file, missing_is_not_found_and_directory_is_invalid) {
   gs_err_clear(&e);
   cr_assert_eq(gs_file_read(dir, 100, "job", &buf, &n, &e), -EINVAL);
   cr_assert_eq(e.code, GS_INVALID_ARGUMENT);
-  cr_assert(strstr(e.msg, "not a regular file"), "%s", e.msg);
+  cr_assert(strstr(e.msg, "is a directory, not a regular file"), "%s", e.msg);
+}
+
+/* A writer on the other end of a FIFO: `n` bytes of 'x'. */
+typedef struct fifo_writer {
+  char path[128];
+  size_t n;
+} fifo_writer;
+
+static void *write_fifo(void *arg) {
+  fifo_writer *w = arg;
+  FILE *f = fopen(w->path, "wb");
+  for (size_t i = 0; f && i < w->n; i++) fputc('x', f);
+  if (f) fclose(f);
+  return NULL;
+}
+
+static int read_fifo(size_t n, uint64_t max, uint8_t **buf, size_t *len, gs_err *e) {
+  fifo_writer w = {.n = n};
+  snprintf(w.path, sizeof w.path, "%s/fifo-%zu-%llu", dir, n, (unsigned long long)max);
+  cr_assert_eq(mkfifo(w.path, 0600), 0);
+  pthread_t t;
+  pthread_create(&t, NULL, write_fifo, &w);
+  int rc = gs_file_read(w.path, max, "job", buf, len, e);
+  if (rc) { /* let the writer finish */
+    FILE *f = fopen(w.path, "rb");
+    while (f && fgetc(f) != EOF) {
+    }
+    if (f) fclose(f);
+  }
+  pthread_join(t, NULL);
+  return rc;
+}
+
+Test(file, a_pipe_is_read_to_its_end_within_the_cap) {
+  uint8_t *buf;
+  size_t n;
+  gs_err e = {0};
+  cr_assert_eq(read_fifo(200000, 300000, &buf, &n, &e), 0, "%s", e.msg);
+  cr_assert_eq(n, 200000);
+  cr_assert_eq(buf[0], 'x');
+  cr_assert_eq(buf[199999], 'x');
+  cr_assert_eq(buf[200000], 0);
+  free(buf);
+  cr_assert_eq(read_fifo(200000, 1000, &buf, &n, &e), -EFBIG);
+  cr_assert_eq(e.code, GS_RESOURCE_EXHAUSTED);
 }
 
 Test(error, set_returns_the_codes_errno) {

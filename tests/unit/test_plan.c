@@ -19,13 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "present/present.h"
 #include "runtime/alloc.h"
 #include "runtime/data.h"
 #include "runtime/oom.h"
 #include "runtime/plan.h"
 #include "runtime/spec_pb.h"
 #include "runtime/train.h"
-#include "present/present.h"
 
 static gs_backend *B;
 static gs_err e;

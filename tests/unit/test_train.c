@@ -20,8 +20,8 @@
 #include "runtime/alloc.h"
 #include "runtime/data.h"
 #include "runtime/safetensors.h"
-#include "tests/unit/test_train_util.h"
 #include "runtime/train.h"
+#include "tests/unit/test_train_util.h"
 
 #define MAX_STEPS_REC 4096
 
