@@ -20,6 +20,10 @@ int gs_code_errno(int code) {
   }
 }
 
+int gs_err_rc(const gs_err *e) {
+  return !e || e->code == GS_OK ? -EIO : gs_code_errno(e->code);
+}
+
 int gs_err_set(gs_err *e, int code, const char *field, const char *fmt, ...) {
   int rc = code == GS_OK ? -EIO : gs_code_errno(code);
   if (!e) return rc;

@@ -44,6 +44,11 @@ typedef struct gs_err {
  * UNAVAILABLE -EAGAIN, anything else -EIO; 0 for GS_OK. */
 int gs_code_errno(int code);
 
+/* The negative errno of the error e holds (gs_code_errno of its code; -EIO
+ * when e is NULL or holds none): what a function returns after a callee
+ * filled e, so `if (gs_store_x(..., e) < 0) return gs_err_rc(e);`. */
+int gs_err_rc(const gs_err *e);
+
 /* Fill e (which may be NULL) and return gs_code_errno(code) (-EIO for
  * GS_OK, which is no error to set), so callers can write
  * `return gs_err_set(e, GS_INVALID_ARGUMENT, "batch_size", "...", v);`. */

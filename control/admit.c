@@ -81,22 +81,22 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
       if (gs_model_check_dataset(m, names[k] + 5, m->input.h, m->input.w, m->input.c, classes,
                                  e) < 0) {
         gs_err_prefix(e, "spec");
-        return -1;
+        return gs_err_rc(e);
       }
       if (k == 0) train_examples = sy->examples;
       continue;
     }
     char ip[PATH_MAX], lp[PATH_MAX];
-    if (gs_datasets_resolve_set(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return -1;
+    if (gs_datasets_resolve_set(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return gs_err_rc(e);
     gs_idx_header hi, hl;
     uint32_t classes = 0;
     char f[64], what[32];
     snprintf(f, sizeof f, "%s.idx.images", names[k]);
     snprintf(what, sizeof what, "the %s images", names[k] + 5);
-    if (idx_probe(ip, GS_IDX_IMAGES, what, f, &hi, NULL, e) < 0) return -1;
+    if (idx_probe(ip, GS_IDX_IMAGES, what, f, &hi, NULL, e) < 0) return gs_err_rc(e);
     snprintf(f, sizeof f, "%s.idx.labels", names[k]);
     snprintf(what, sizeof what, "the %s labels", names[k] + 5);
-    if (idx_probe(lp, GS_IDX_LABELS, what, f, &hl, &classes, e) < 0) return -1;
+    if (idx_probe(lp, GS_IDX_LABELS, what, f, &hl, &classes, e) < 0) return gs_err_rc(e);
     uint64_t ni = hi.dims[0], nl = hl.dims[0];
     uint32_t h = hi.dims[1], w = hi.dims[2], c = hi.ndims == 4 ? hi.dims[3] : 1;
     if (ni != nl)
@@ -105,7 +105,7 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
     if (k == 1 && classes < m->classes) classes = m->classes; /* a test set may lack a class */
     if (gs_model_check_dataset(m, names[k] + 5, h, w, c, classes, e) < 0) {
       gs_err_prefix(e, "spec");
-      return -1;
+      return gs_err_rc(e);
     }
     if (k == 0) train_examples = ni;
   }

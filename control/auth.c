@@ -66,7 +66,7 @@ int gs_auth_identify(gs_store *s, const gs_peer *p, bool have_admin_gid, uint32_
   memset(id, 0, sizeof *id);
   id->admin = gs_auth_is_admin(p, have_admin_gid, admin_gid);
   if (gs_store_tenants_of(s, p->uid, p->gids, p->n_gids, names, by_uid, 8, &n, e) < 0)
-    return -1;
+    return gs_err_rc(e);
   gs_auth_pick_tenant((const char(*)[GS_NAME_MAX + 1])names, by_uid, n, id);
   return 0;
 }

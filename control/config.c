@@ -267,7 +267,7 @@ int gs_config_load(const char *path, gs_config *c, gs_err *e) {
     gs_err_set(e, err == ENOENT ? GS_NOT_FOUND : GS_FAILED_PRECONDITION, path,
                "cannot open the configuration file: %s", strerror(err));
     errno = err;
-    return -1;
+    return gs_err_rc(e);
   }
   for (;;) {
     errno = 0;

@@ -71,13 +71,13 @@ int gs_datasets_resolve(gs_daemon *d, const char *tenant, const char *ref, const
                  "tenant %s has no dataset with content %.20s...: upload it with gpuctl "
                  "dataset add (gpuctl submit does so for the paths in a job)",
                  tenant, ref);
-      return -1;
+      return gs_err_rc(e);
     }
   } else if (ref && *ref && !strchr(ref, '/') && gs_store_name_valid(ref, field, NULL) == 0) {
     if (gs_store_dataset_get(d->store, tenant, ref, &row, e) < 0) {
       gs_err_prefix(e, "");
       snprintf(e->field, sizeof e->field, "%s", field);
-      return -1;
+      return gs_err_rc(e);
     }
   } else {
     return gs_err_set(e, GS_INVALID_ARGUMENT, field,
@@ -97,7 +97,7 @@ int gs_datasets_resolve_set(gs_daemon *d, const char *tenant, const Gpushare__V1
   if (!ds) return 0;
   if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_IDX) {
     snprintf(f, sizeof f, "%s.idx.images", field);
-    if (gs_datasets_resolve(d, tenant, ds->idx->images, f, images, len, e) < 0) return -1;
+    if (gs_datasets_resolve(d, tenant, ds->idx->images, f, images, len, e) < 0) return gs_err_rc(e);
     snprintf(f, sizeof f, "%s.idx.labels", field);
     return gs_datasets_resolve(d, tenant, ds->idx->labels, f, labels, len, e);
   }
@@ -113,7 +113,7 @@ int gs_datasets_resolve_set(gs_daemon *d, const char *tenant, const Gpushare__V1
                  "dataset name \"%.63s\" needs the tenant's datasets %s and %s (gpuctl dataset "
                  "add %s IMAGES_FILE and %s LABELS_FILE)",
                  ds->name, n1, n2, n1, n2);
-      return -1;
+      return gs_err_rc(e);
     }
     return 0;
   }

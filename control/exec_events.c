@@ -480,7 +480,7 @@ int gs_exec_events_init(gs_daemon *d, gs_err *e) {
   if (!X) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   d->execs = X;
   for (size_t i = 0; i < d->devices.n; i++)
-    if (gs_supervisor_start(d, i, &exec_events, &X->exec[i], e) < 0) return -1;
+    if (gs_supervisor_start(d, i, &exec_events, &X->exec[i], e) < 0) return gs_err_rc(e);
   return 0;
 }
 

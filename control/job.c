@@ -253,7 +253,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
                       strerror(errno));
   gs_job_row *rows;
   size_t n;
-  if (gs_store_job_list(d->store, &rows, &n, e) < 0) return -1;
+  if (gs_store_job_list(d->store, &rows, &n, e) < 0) return gs_err_rc(e);
   unsigned resumed = 0, queued = 0;
   for (size_t i = 0; i < n; i++) {
     Gpushare__V1__Job *rec = gpushare__v1__job__unpack(NULL, rows[i].record_len, rows[i].record);

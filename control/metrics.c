@@ -57,10 +57,10 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
   size_t nv = 0;
   gs_tenant *tenants = NULL;
   size_t nt = 0;
-  if (gs_store_vdev_list(d->store, &vdevs, &nv, e) < 0) return -1;
+  if (gs_store_vdev_list(d->store, &vdevs, &nv, e) < 0) return gs_err_rc(e);
   if (gs_store_tenant_list(d->store, &tenants, &nt, e) < 0) {
     free(vdevs);
-    return -1;
+    return gs_err_rc(e);
   }
   metric(&t, "device_memory_total_bytes", "gauge", "Physical memory of the device.");
   for (size_t i = 0; i < d->devices.n; i++)

@@ -106,7 +106,7 @@ int gs_rpc_list_devices(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) 
   for (size_t i = 0; i < ds->n; i++) {
     const gs_device *dv = &ds->dev[i];
     gs_device_usage u;
-    if (gs_store_device_usage(c->d->store, dv->name, &u, e) < 0) return -1;
+    if (gs_store_device_usage(c->d->store, dv->name, &u, e) < 0) return gs_err_rc(e);
     Gpushare__V1__Device *x = GS_CALL_MSG(&c->ar, Gpushare__V1__Device, GPUSHARE__V1__DEVICE__INIT);
     if (!x) return oom(c, e);
     x->name = gs_call_strdup(&c->ar, dv->name);
@@ -147,7 +147,7 @@ int gs_rpc_create_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
   const Gpushare__V1__CreateTenantRequest *r = rq->create_tenant;
   gs_tenant t;
   memset(&t, 0, sizeof t);
-  if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
+  if (gs_store_name_valid(r->name, "name", e) < 0) return gs_err_rc(e);
   snprintf(t.name, sizeof t.name, "%s", r->name);
   t.uids = r->uids;
   t.n_uids = r->n_uids;
@@ -156,9 +156,9 @@ int gs_rpc_create_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
   gs_quota_update u;
   quota_from(r->quota, &u);
   t.quota = u.q;
-  if (gs_store_tenant_create(c->d->store, &t, e) < 0) return -1;
+  if (gs_store_tenant_create(c->d->store, &t, e) < 0) return gs_err_rc(e);
   gs_tenant got;
-  if (gs_store_tenant_get(c->d->store, r->name, &got, e) < 0) return -1;
+  if (gs_store_tenant_get(c->d->store, r->name, &got, e) < 0) return gs_err_rc(e);
   Gpushare__V1__CreateTenantResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__CreateTenantResponse,
                                                  GPUSHARE__V1__CREATE_TENANT_RESPONSE__INIT);
   if (m) m->tenant = tenant_msg(&c->ar, &got);
@@ -175,7 +175,7 @@ int gs_rpc_list_tenants(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) 
   (void)rq;
   gs_tenant *list;
   size_t n;
-  if (gs_store_tenant_list(c->d->store, &list, &n, e) < 0) return -1;
+  if (gs_store_tenant_list(c->d->store, &list, &n, e) < 0) return gs_err_rc(e);
   Gpushare__V1__ListTenantsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListTenantsResponse,
                                                 GPUSHARE__V1__LIST_TENANTS_RESPONSE__INIT);
   if (m) m->tenant = gs_call_alloc(&c->ar, n * sizeof *m->tenant + 1);
@@ -189,8 +189,8 @@ int gs_rpc_list_tenants(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) 
 
 int gs_rpc_delete_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->delete_tenant->name;
-  if (gs_store_name_valid(name, "name", e) < 0) return -1;
-  if (gs_store_tenant_delete(c->d->store, name, e) < 0) return -1;
+  if (gs_store_name_valid(name, "name", e) < 0) return gs_err_rc(e);
+  if (gs_store_tenant_delete(c->d->store, name, e) < 0) return gs_err_rc(e);
   gs_info("tenant %s deleted by uid %" PRIu32, name, c->peer->uid);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_TENANT;
   c->resp->delete_tenant = GS_CALL_MSG(&c->ar, Gpushare__V1__DeleteTenantResponse,
@@ -200,7 +200,7 @@ int gs_rpc_delete_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
 
 static int tenant_reply(gs_call *c, const char *name, Gpushare__V1__Tenant **out, gs_err *e) {
   gs_tenant t;
-  if (gs_store_tenant_get(c->d->store, name, &t, e) < 0) return -1;
+  if (gs_store_tenant_get(c->d->store, name, &t, e) < 0) return gs_err_rc(e);
   *out = tenant_msg(&c->ar, &t);
   gs_tenant_clear(&t);
   return *out ? 0 : oom(c, e);
@@ -208,18 +208,18 @@ static int tenant_reply(gs_call *c, const char *name, Gpushare__V1__Tenant **out
 
 int gs_rpc_set_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__SetQuotaRequest *r = rq->set_quota;
-  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
+  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return gs_err_rc(e);
   gs_quota_update u;
   quota_from(r->quota, &u);
   if (!u.set_memory && !u.set_compute && !u.set_max_running && !u.set_max_queued)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "quota",
                       "no quota field given: set memory_bytes, compute_share, max_running or "
                       "max_queued");
-  if (gs_store_quota_set(c->d->store, r->tenant, &u, e) < 0) return -1;
+  if (gs_store_quota_set(c->d->store, r->tenant, &u, e) < 0) return gs_err_rc(e);
   Gpushare__V1__SetQuotaResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__SetQuotaResponse,
                                              GPUSHARE__V1__SET_QUOTA_RESPONSE__INIT);
   if (!m) return oom(c, e);
-  if (tenant_reply(c, r->tenant, &m->tenant, e) < 0) return -1;
+  if (tenant_reply(c, r->tenant, &m->tenant, e) < 0) return gs_err_rc(e);
   gs_info("quota of tenant %s changed by uid %" PRIu32, r->tenant, c->peer->uid);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_SET_QUOTA;
   c->resp->set_quota = m;
@@ -229,7 +229,7 @@ int gs_rpc_set_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 int gs_rpc_get_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->get_quota->tenant;
   if (!name || !*name) name = c->id.tenant; /* a tenant asks for its own */
-  if (gs_store_name_valid(name, "tenant", e) < 0) return -1;
+  if (gs_store_name_valid(name, "tenant", e) < 0) return gs_err_rc(e);
   if (!c->id.admin && strcmp(name, c->id.tenant) != 0)
     return gs_err_set(e, GS_PERMISSION_DENIED, "tenant",
                       "uid %" PRIu32 " acts as tenant %s and cannot read tenant %s's quota",
@@ -237,7 +237,7 @@ int gs_rpc_get_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   Gpushare__V1__GetQuotaResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__GetQuotaResponse,
                                              GPUSHARE__V1__GET_QUOTA_RESPONSE__INIT);
   if (!m) return oom(c, e);
-  if (tenant_reply(c, name, &m->tenant, e) < 0) return -1;
+  if (tenant_reply(c, name, &m->tenant, e) < 0) return gs_err_rc(e);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_GET_QUOTA;
   c->resp->get_quota = m;
   return 0;
@@ -245,8 +245,8 @@ int gs_rpc_get_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_create_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__CreateVdevRequest *r = rq->create_vdev;
-  if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
-  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return -1;
+  if (gs_store_name_valid(r->name, "name", e) < 0) return gs_err_rc(e);
+  if (gs_store_name_valid(r->tenant, "tenant", e) < 0) return gs_err_rc(e);
   const char *devname = r->device && *r->device ? r->device : "cpu";
   const gs_device *dev = gs_devices_find(&c->d->devices, devname);
   if (!dev) {
@@ -278,9 +278,9 @@ int gs_rpc_create_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   v.compute_share = r->compute_share;
   v.policy = r->has_policy && r->policy == GPUSHARE__V1__POLICY__GROWTH ? 1 : 0;
   gs_device_limits lim = {.usable = dev->usable, .oversubscribed = dev->oversubscribed};
-  if (gs_store_vdev_create(c->d->store, &v, &lim, e) < 0) return -1;
+  if (gs_store_vdev_create(c->d->store, &v, &lim, e) < 0) return gs_err_rc(e);
   gs_vdev got;
-  if (gs_store_vdev_get(c->d->store, v.name, &got, e) < 0) return -1;
+  if (gs_store_vdev_get(c->d->store, v.name, &got, e) < 0) return gs_err_rc(e);
   Gpushare__V1__CreateVdevResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__CreateVdevResponse,
                                                GPUSHARE__V1__CREATE_VDEV_RESPONSE__INIT);
   if (!m || !(m->vdev = vdev_msg(c->d, &c->ar, &got))) return oom(c, e);
@@ -297,7 +297,7 @@ int gs_rpc_list_vdevs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   gs_vdev *list;
   size_t n;
-  if (gs_store_vdev_list(c->d->store, &list, &n, e) < 0) return -1;
+  if (gs_store_vdev_list(c->d->store, &list, &n, e) < 0) return gs_err_rc(e);
   Gpushare__V1__ListVdevsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListVdevsResponse,
                                               GPUSHARE__V1__LIST_VDEVS_RESPONSE__INIT);
   if (m) m->vdev = gs_call_alloc(&c->ar, n * sizeof *m->vdev + 1);
@@ -314,8 +314,8 @@ int gs_rpc_list_vdevs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->delete_vdev->name;
-  if (gs_store_name_valid(name, "name", e) < 0) return -1;
-  if (gs_store_vdev_delete(c->d->store, name, e) < 0) return -1;
+  if (gs_store_name_valid(name, "name", e) < 0) return gs_err_rc(e);
+  if (gs_store_vdev_delete(c->d->store, name, e) < 0) return gs_err_rc(e);
   gs_info("vdev %s deleted by uid %" PRIu32, name, c->peer->uid);
   gs_exec_events_vdevs_changed(c->d);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_DELETE_VDEV;
@@ -327,7 +327,7 @@ int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 int gs_rpc_metrics(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   char *text;
-  if (gs_metrics_text(c->d, &text, e) < 0) return -1;
+  if (gs_metrics_text(c->d, &text, e) < 0) return gs_err_rc(e);
   Gpushare__V1__MetricsResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__MetricsResponse, GPUSHARE__V1__METRICS_RESPONSE__INIT);
   if (m) m->text = gs_call_strdup(&c->ar, text);

@@ -113,7 +113,7 @@ static int quota_check(gs_daemon *d, const char *tenant, const char *name, const
                        uint64_t bytes, const char *field, gs_err *e) {
   gs_dataset_row *rows;
   size_t n;
-  if (gs_store_dataset_list(d->store, tenant, &rows, &n, e) < 0) return -1;
+  if (gs_store_dataset_list(d->store, tenant, &rows, &n, e) < 0) return gs_err_rc(e);
   uint64_t held = 0;
   for (size_t i = 0; i < n; i++) {
     bool seen = false;
@@ -151,9 +151,9 @@ static int commit_upload(gs_call *c, upload *u, const char *want_sha, gs_dataset
                       "upload of %s has sha256 %s but the client computed %.64s; the data was "
                       "damaged on the way, nothing was kept",
                       u->name, hex, want_sha);
-  if (gs_admit_idx_check(u->path, u->name, e) < 0) return -1;
+  if (gs_admit_idx_check(u->path, u->name, e) < 0) return gs_err_rc(e);
   if (quota_check(d, u->tenant, u->name, hex, u->received, "data", e) < 0)
-    return -1;
+    return gs_err_rc(e);
   if (fsync(u->fd) < 0)
     return gs_err_set(e, GS_INTERNAL, "", "fsync %s: %s", u->path, strerror(errno));
   close(u->fd);
@@ -190,7 +190,7 @@ static int commit_upload(gs_call *c, upload *u, const char *want_sha, gs_dataset
       free(all);
       if (!used) unlink(blob);
     }
-    return -1;
+    return gs_err_rc(e);
   }
   gs_info("dataset %s/%s stored: %s, sha256 %.16s...", row->tenant, row->name,
           gs_size_format(row->bytes, sizes[0], sizeof sizes[0]), hex);
@@ -200,11 +200,11 @@ static int commit_upload(gs_call *c, upload *u, const char *want_sha, gs_dataset
 int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__UploadDatasetRequest *r = rq->upload_dataset;
   gs_daemon *d = c->d;
-  if (acting_tenant(c, e) < 0) return -1;
+  if (acting_tenant(c, e) < 0) return gs_err_rc(e);
   upload *u = NULL;
   char sz[2][32];
   if (!r->has_upload_id || r->upload_id == 0) {
-    if (gs_store_name_valid(r->name, "name", e) < 0) return -1;
+    if (gs_store_name_valid(r->name, "name", e) < 0) return gs_err_rc(e);
     if (r->has_total_bytes && r->total_bytes > d->cfg.max_upload)
       return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "total_bytes",
                         "dataset %s is %s; this daemon takes uploads of at most %s (max_upload)",
@@ -212,7 +212,7 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
                         gs_size_format(d->cfg.max_upload, sz[1], sizeof sz[1]));
     if (r->has_total_bytes &&
         quota_check(d, c->id.tenant, r->name, NULL, r->total_bytes, "total_bytes", e) < 0)
-      return -1;
+      return gs_err_rc(e);
     if (!d->uploads && !(d->uploads = calloc(1, sizeof *d->uploads)))
       return gs_err_set(e, GS_INTERNAL, "", "out of memory");
     /* The upload ends with its connection. */
@@ -254,11 +254,11 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
                                 sz[0], sizeof sz[0]),
                  u->total && after > u->total ? "the size it announced" : "max_upload");
       upload_drop(d, u);
-      return -1;
+      return gs_err_rc(e);
     }
     if (quota_check(d, u->tenant, u->name, NULL, after, "data", e) < 0) {
       upload_drop(d, u);
-      return -1;
+      return gs_err_rc(e);
     }
     const uint8_t *p = r->data.data;
     size_t left = r->data.len;
@@ -269,7 +269,7 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
         gs_err_set(e, GS_RESOURCE_EXHAUSTED, "data", "cannot store the upload: %s",
                    strerror(errno));
         upload_drop(d, u);
-        return -1;
+        return gs_err_rc(e);
       }
       p += w;
       left -= (size_t)w;
@@ -287,7 +287,7 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
     gs_dataset_row row;
     int rc = commit_upload(c, u, r->sha256, &row, e);
     upload_drop(d, u);
-    if (rc < 0) return -1;
+    if (rc < 0) return gs_err_rc(e);
     m->dataset = info_msg(&c->ar, &row);
   }
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_UPLOAD_DATASET;
@@ -299,9 +299,9 @@ int gs_rpc_list_datasets(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
   (void)rq;
   gs_dataset_row *rows;
   size_t n;
-  if (!c->id.admin && acting_tenant(c, e) < 0) return -1;
+  if (!c->id.admin && acting_tenant(c, e) < 0) return gs_err_rc(e);
   if (gs_store_dataset_list(c->d->store, c->id.admin ? NULL : c->id.tenant, &rows, &n, e) < 0)
-    return -1;
+    return gs_err_rc(e);
   Gpushare__V1__ListDatasetsResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__ListDatasetsResponse,
                                                  GPUSHARE__V1__LIST_DATASETS_RESPONSE__INIT);
   if (m) m->dataset = gs_call_alloc(&c->ar, n * sizeof *m->dataset + 1);
@@ -315,10 +315,10 @@ int gs_rpc_list_datasets(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
 
 int gs_rpc_remove_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const char *name = rq->remove_dataset->name;
-  if (acting_tenant(c, e) < 0) return -1;
-  if (gs_store_name_valid(name, "name", e) < 0) return -1;
+  if (acting_tenant(c, e) < 0) return gs_err_rc(e);
+  if (gs_store_name_valid(name, "name", e) < 0) return gs_err_rc(e);
   gs_dataset_row row;
-  if (gs_store_dataset_get(c->d->store, c->id.tenant, name, &row, e) < 0) return -1;
+  if (gs_store_dataset_get(c->d->store, c->id.tenant, name, &row, e) < 0) return gs_err_rc(e);
   uint64_t job = gs_jobs_using_blob(c->d, row.sha256);
   if (job)
     return gs_err_set(e, GS_FAILED_PRECONDITION, "name",
@@ -326,7 +326,7 @@ int gs_rpc_remove_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
                       "wait for it",
                       name, job);
   uint64_t refs;
-  if (gs_store_dataset_remove(c->d->store, c->id.tenant, name, &row, &refs, e) < 0) return -1;
+  if (gs_store_dataset_remove(c->d->store, c->id.tenant, name, &row, &refs, e) < 0) return gs_err_rc(e);
   if (refs == 0) {
     char blob[PATH_MAX];
     gs_dataset_blob_path(c->d, row.sha256, blob, sizeof blob);

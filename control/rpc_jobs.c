@@ -106,7 +106,7 @@ void gs_rpc_jobs_free(gs_daemon *d) {
  * only vdev when none is named. */
 static int job_vdev(gs_call *c, const char *name, const char *field, gs_vdev *v, gs_err *e) {
   if (name && *name) {
-    if (gs_store_name_valid(name, field, e) < 0) return -1;
+    if (gs_store_name_valid(name, field, e) < 0) return gs_err_rc(e);
     if (gs_store_vdev_get(c->d->store, name, v, e) < 0 ||
         (!c->id.admin && strcmp(v->tenant, c->id.tenant) != 0)) {
       char b[80];
@@ -118,7 +118,7 @@ static int job_vdev(gs_call *c, const char *name, const char *field, gs_vdev *v,
   }
   gs_vdev *all;
   size_t n, mine = 0;
-  if (gs_store_vdev_list(c->d->store, &all, &n, e) < 0) return -1;
+  if (gs_store_vdev_list(c->d->store, &all, &n, e) < 0) return gs_err_rc(e);
   for (size_t i = 0; i < n; i++)
     if (!strcmp(all[i].tenant, c->id.tenant)) {
       if (!mine) *v = all[i];
@@ -139,13 +139,13 @@ int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   bool has_vdev = false;
   const char *vname = r->vdev && *r->vdev ? r->vdev : r->spec->vdev;
   if (vname && *vname) {
-    if (job_vdev(c, vname, "vdev", &v, e) < 0) return -1;
+    if (job_vdev(c, vname, "vdev", &v, e) < 0) return gs_err_rc(e);
     has_vdev = true;
   }
   Gpushare__V1__PlanResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  if (gs_admit_plan(&c->ar, r->spec, has_vdev ? &v : NULL, &m->plan, e) < 0) return -1;
+  if (gs_admit_plan(&c->ar, r->spec, has_vdev ? &v : NULL, &m->plan, e) < 0) return gs_err_rc(e);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT;
   c->resp->plan_result = m;
   return 0;
@@ -167,7 +167,7 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (gs_exec_events_shutting_down(d))
     return gs_err_set(e, GS_UNAVAILABLE, "", "gpushared is shutting down; submit again after it restarts");
   gs_vdev v;
-  if (job_vdev(c, spec->vdev, "spec.vdev", &v, e) < 0) return -1;
+  if (job_vdev(c, spec->vdev, "spec.vdev", &v, e) < 0) return gs_err_rc(e);
   const char *tenant = v.tenant;
   if (spec->name && strlen(spec->name) > 200)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.name",
@@ -179,10 +179,10 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                         "job name has control character 0x%02x at byte %zu; a name is printable "
                         "text",
                         *p, (size_t)(p - (const unsigned char *)spec->name) + 1);
-  if (gs_admit_check(d, tenant, spec, e) < 0) return -1;
+  if (gs_admit_check(d, tenant, spec, e) < 0) return gs_err_rc(e);
 
   gs_tenant t;
-  if (gs_store_tenant_get(d->store, tenant, &t, e) < 0) return -1;
+  if (gs_store_tenant_get(d->store, tenant, &t, e) < 0) return gs_err_rc(e);
   uint32_t max_queued = t.quota.max_queued;
   gs_tenant_clear(&t);
   uint32_t queued = gs_jobs_count(d, tenant, GPUSHARE__V1__JOB_STATE__QUEUED);
@@ -193,7 +193,7 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       tenant, queued, queued == 1 ? "" : "s");
 
   gs_admit adm;
-  if (gs_admit_job(&c->ar, spec, &v, &adm, e) < 0) return -1;
+  if (gs_admit_job(&c->ar, spec, &v, &adm, e) < 0) return gs_err_rc(e);
   if (!adm.fits) {
     c->resp->plan = adm.plan;
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "spec.batch_size", "%s", adm.why);
@@ -272,7 +272,7 @@ rollback:
   gs_store_txn_rollback(d->store);
 fail:
   free(buf);
-  return -1;
+  return gs_err_rc(e);
 }
 
 /* ---------------------------------------------------------- job queries --- */
@@ -291,7 +291,7 @@ static int visible_job(gs_call *c, uint64_t id, bool has, gs_job **out, gs_err *
 
 int gs_rpc_job_status(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
-  if (visible_job(c, rq->job_status->id, rq->job_status->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, rq->job_status->id, rq->job_status->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__JobStatusResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__JobStatusResponse, GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT);
   if (!m || !(m->job = job_view(&c->ar, j, true))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -326,7 +326,7 @@ int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
-  if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return gs_err_rc(e);
   /* Its events carry the request id: two watches under one id on one
    * connection could not be told apart. */
   if (!c->conn)
@@ -370,7 +370,7 @@ int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
-  if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return gs_err_rc(e);
   gs_daemon *d = c->d;
   if (gs_job_final(j->rec->state))
     return gs_err_set(e, GS_FAILED_PRECONDITION, "id", "job %" PRIu64 " has already ended (%s)",
@@ -418,12 +418,12 @@ static void collect_event(void *u, const uint8_t *rec, size_t len) {
 
 int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
-  if (visible_job(c, rq->logs->id, rq->logs->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, rq->logs->id, rq->logs->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__LogsResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__LogsResponse, GPUSHARE__V1__LOGS_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   log_ctx l = {&c->ar, m, 0};
-  if (gs_store_job_events(c->d->store, j->rec->id, collect_event, &l, e) < 0) return -1;
+  if (gs_store_job_events(c->d->store, j->rec->id, collect_event, &l, e) < 0) return gs_err_rc(e);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LOGS;
   c->resp->logs = m;
   return 0;
@@ -432,7 +432,7 @@ int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__FetchRequest *r = rq->fetch;
   gs_job *j;
-  if (visible_job(c, r->id, r->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, r->id, r->has_id, &j, e) < 0) return gs_err_rc(e);
   bool ckpt = r->has_checkpoint && r->checkpoint;
   if (!ckpt && j->rec->state != GPUSHARE__V1__JOB_STATE__SUCCEEDED)
     return gs_err_set(e, GS_FAILED_PRECONDITION, "id",
@@ -474,7 +474,7 @@ int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j;
-  if (visible_job(c, rq->memory->id, rq->memory->has_id, &j, e) < 0) return -1;
+  if (visible_job(c, rq->memory->id, rq->memory->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__MemoryResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__MemoryResponse, GPUSHARE__V1__MEMORY_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");

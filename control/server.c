@@ -633,7 +633,7 @@ fail:
   if (s->owns_path) unlink(s->path);
   if (s->listen_fd >= 0) close(s->listen_fd);
   free(s);
-  return -1;
+  return gs_err_rc(e);
 }
 
 const char *gs_server_path(const gs_server *s) { return s->path; }

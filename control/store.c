@@ -201,7 +201,7 @@ static int exec(gs_store *s, const char *text, gs_err *e) {
     gs_err_set(e, GS_INTERNAL, "", "store: %s: %s (database %s)", text,
                msg ? msg : sqlite3_errmsg(s->db), s->path);
     sqlite3_free(msg);
-    return -1;
+    return gs_err_rc(e);
   }
   return 0;
 }
@@ -213,7 +213,7 @@ static int begin(gs_store *s, gs_err *e) {
   if (s->txn_depth++ > 0) return exec(s, "SAVEPOINT call", e) < 0 ? (s->txn_depth--, -1) : 0;
   if (exec(s, "BEGIN IMMEDIATE", e) < 0) {
     s->txn_depth--;
-    return -1;
+    return gs_err_rc(e);
   }
   return 0;
 }
@@ -221,7 +221,7 @@ static int commit(gs_store *s, gs_err *e) {
   if (--s->txn_depth > 0) return exec(s, "RELEASE call", e);
   if (exec(s, "COMMIT", e) < 0) {
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
-    return -1;
+    return gs_err_rc(e);
   }
   return 0;
 }
@@ -269,9 +269,9 @@ static int migrate(gs_store *s, gs_err *e) {
   for (; v < (int)N_MIGRATIONS; v++) {
     char set[64];
     snprintf(set, sizeof set, "PRAGMA user_version = %d", v + 1);
-    if (begin(s, e) < 0) return -1;
+    if (begin(s, e) < 0) return gs_err_rc(e);
     if (exec(s, migrations[v], e) < 0 || exec(s, set, e) < 0) return rollback(s);
-    if (commit(s, e) < 0) return -1;
+    if (commit(s, e) < 0) return gs_err_rc(e);
   }
   return 0;
 }
@@ -304,7 +304,7 @@ int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
   return 0;
 fail:
   gs_store_close(s);
-  return -1;
+  return gs_err_rc(e);
 }
 
 void gs_store_close(gs_store *s) {
@@ -382,7 +382,7 @@ static int i64_ok(uint64_t v) { return v <= (uint64_t)INT64_MAX; }
 /* Which tenant already has this uid or gid, if any (into owner). */
 static int member_owner(gs_store *s, const char *kind, uint32_t id, char *owner, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_MEMBER_OWNER, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, kind, -1, SQLITE_STATIC);
   sqlite3_bind_int64(q, 2, id);
   int rc = sqlite3_step(q);
@@ -401,14 +401,14 @@ static int add_members(gs_store *s, const char *tenant, const char *kind, const 
       if (ids[j] == ids[i])
         return gs_err_set(e, GS_INVALID_ARGUMENT, kind, "%s %" PRIu32 " is listed twice", kind,
                           ids[i]);
-    if (member_owner(s, kind, ids[i], owner, e) < 0) return -1;
+    if (member_owner(s, kind, ids[i], owner, e) < 0) return gs_err_rc(e);
     if (owner[0])
       return gs_err_set(e, GS_ALREADY_EXISTS, kind,
                         "%s %" PRIu32 " already belongs to tenant %s; a %s can be a member "
                         "of one tenant only",
                         kind, ids[i], owner, kind);
     sqlite3_stmt *q = stmt(s, Q_MEMBER_INSERT, e);
-    if (!q) return -1;
+    if (!q) return gs_err_rc(e);
     sqlite3_bind_text(q, 1, tenant, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, kind, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 3, ids[i]);
@@ -418,7 +418,7 @@ static int add_members(gs_store *s, const char *tenant, const char *kind, const 
 }
 
 int gs_store_tenant_create(gs_store *s, const gs_tenant *t, gs_err *e) {
-  if (gs_store_name_valid(t->name, "name", e) < 0) return -1;
+  if (gs_store_name_valid(t->name, "name", e) < 0) return gs_err_rc(e);
   if (t->n_uids + t->n_gids > GS_MEMBERS_MAX)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "uids", "%zu members given; at most %d allowed",
                       t->n_uids + t->n_gids, GS_MEMBERS_MAX);
@@ -429,7 +429,7 @@ int gs_store_tenant_create(gs_store *s, const gs_tenant *t, gs_err *e) {
   if (t->quota.compute > 100 * 1024)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "quota.compute_share",
                       "compute quota %" PRIu32 " is not a sum of percentages", t->quota.compute);
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   sqlite3_stmt *q = stmt(s, Q_TENANT_INSERT, e);
   if (!q) return rollback(s);
   sqlite3_bind_text(q, 1, t->name, -1, SQLITE_STATIC);
@@ -451,7 +451,7 @@ int gs_store_tenant_create(gs_store *s, const gs_tenant *t, gs_err *e) {
 
 static int usage_of(gs_store *s, int query, const char *key, gs_device_usage *u, gs_err *e) {
   sqlite3_stmt *q = stmt(s, query, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
   if (sqlite3_step(q) != SQLITE_ROW) {
     sqlite3_reset(q);
@@ -475,7 +475,7 @@ static int push_id(uint32_t **arr, size_t *n, uint32_t id) {
 int gs_store_tenant_get(gs_store *s, const char *name, gs_tenant *out, gs_err *e) {
   memset(out, 0, sizeof *out);
   sqlite3_stmt *q = stmt(s, Q_TENANT_GET, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, name, -1, SQLITE_TRANSIENT);
   int rc = sqlite3_step(q);
   if (rc == SQLITE_DONE) {
@@ -520,7 +520,7 @@ int gs_store_tenant_get(gs_store *s, const char *name, gs_tenant *out, gs_err *e
   return 0;
 fail:
   gs_tenant_clear(out);
-  return -1;
+  return gs_err_rc(e);
 }
 
 int gs_store_tenant_list(gs_store *s, gs_tenant **out, size_t *n, gs_err *e) {
@@ -529,7 +529,7 @@ int gs_store_tenant_list(gs_store *s, gs_tenant **out, size_t *n, gs_err *e) {
   char(*names)[GS_NAME_MAX + 1] = NULL;
   size_t count = 0;
   sqlite3_stmt *q = stmt(s, Q_TENANT_LIST, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   int rc;
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
     void *p = realloc(names, (count + 1) * sizeof *names);
@@ -555,7 +555,7 @@ int gs_store_tenant_list(gs_store *s, gs_tenant **out, size_t *n, gs_err *e) {
     if (gs_store_tenant_get(s, names[i], &list[i], e) < 0) {
       gs_tenant_list_free(list, i);
       free(names);
-      return -1;
+      return gs_err_rc(e);
     }
   }
   free(names);
@@ -566,7 +566,7 @@ int gs_store_tenant_list(gs_store *s, gs_tenant **out, size_t *n, gs_err *e) {
 
 int gs_store_tenant_delete(gs_store *s, const char *name, gs_err *e) {
   gs_tenant t;
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   if (gs_store_tenant_get(s, name, &t, e) < 0) return rollback(s);
   uint32_t vdevs = t.vdev_count;
   gs_tenant_clear(&t);
@@ -618,7 +618,7 @@ int gs_store_tenant_delete(gs_store *s, const char *name, gs_err *e) {
 
 int gs_store_quota_set(gs_store *s, const char *tenant, const gs_quota_update *u, gs_err *e) {
   gs_tenant t;
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   if (gs_store_tenant_get(s, tenant, &t, e) < 0) return rollback(s);
   gs_quota q = t.quota;
   if (u->set_memory) q.memory = u->q.memory;
@@ -667,7 +667,7 @@ int gs_store_device_usage(gs_store *s, const char *device, gs_device_usage *u, g
 
 int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *dev,
                          gs_err *e) {
-  if (gs_store_name_valid(v->name, "name", e) < 0) return -1;
+  if (gs_store_name_valid(v->name, "name", e) < 0) return gs_err_rc(e);
   if (v->memory_limit == 0)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "memory_limit",
                       "memory limit is 0; give the vdev's size, e.g. --memory 4GiB");
@@ -683,7 +683,7 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
     return gs_err_set(e, GS_INVALID_ARGUMENT, "policy",
                       "policy %d is not PREALLOCATE (0) or GROWTH (1)", v->policy);
 
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   gs_tenant t;
   if (gs_store_tenant_get(s, v->tenant, &t, e) < 0) return rollback(s);
   gs_quota tq = t.quota;
@@ -758,7 +758,7 @@ static void vdev_row(sqlite3_stmt *q, gs_vdev *v) {
 
 int gs_store_vdev_get(gs_store *s, const char *name, gs_vdev *out, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_VDEV_GET, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, name, -1, SQLITE_TRANSIENT);
   int rc = sqlite3_step(q);
   if (rc == SQLITE_ROW) vdev_row(q, out);
@@ -774,7 +774,7 @@ int gs_store_vdev_list(gs_store *s, gs_vdev **out, size_t *n, gs_err *e) {
   *out = NULL;
   *n = 0;
   sqlite3_stmt *q = stmt(s, Q_VDEV_LIST, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   gs_vdev *list = NULL;
   size_t count = 0;
   int rc;
@@ -800,7 +800,7 @@ int gs_store_vdev_list(gs_store *s, gs_vdev **out, size_t *n, gs_err *e) {
 
 int gs_store_vdev_delete(gs_store *s, const char *name, gs_err *e) {
   gs_vdev v;
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   if (gs_store_vdev_get(s, name, &v, e) < 0) return rollback(s);
   uint32_t active;
   if (gs_store_vdev_active_jobs(s, name, &active, e) < 0) return rollback(s);
@@ -826,7 +826,7 @@ int gs_store_tenants_of(gs_store *s, uint32_t uid, const uint32_t *gids, size_t 
                         gs_err *e) {
   *n = 0;
   sqlite3_stmt *q = stmt(s, Q_TENANTS_OF_UID, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_int64(q, 1, uid);
   if (sqlite3_step(q) == SQLITE_ROW && *n < max) {
     snprintf(names[*n], GS_NAME_MAX + 1, "%s", sqlite3_column_text(q, 0));
@@ -835,7 +835,7 @@ int gs_store_tenants_of(gs_store *s, uint32_t uid, const uint32_t *gids, size_t 
   sqlite3_reset(q);
   for (size_t i = 0; i < n_gids; i++) {
     q = stmt(s, Q_TENANTS_OF_GID, e);
-    if (!q) return -1;
+    if (!q) return gs_err_rc(e);
     sqlite3_bind_int64(q, 1, gids[i]);
     if (sqlite3_step(q) == SQLITE_ROW) {
       const char *t = (const char *)sqlite3_column_text(q, 0);
@@ -876,11 +876,11 @@ static int one_dataset(gs_store *s, sqlite3_stmt *q, gs_dataset_row *d, gs_err *
 int gs_store_dataset_get(gs_store *s, const char *tenant, const char *name, gs_dataset_row *out,
                          gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_DATASET_GET, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(q, 2, name, -1, SQLITE_TRANSIENT);
   int rc = one_dataset(s, q, out, e);
-  if (rc < 0) return -1;
+  if (rc < 0) return gs_err_rc(e);
   if (rc == 0) {
     char b[128];
     return gs_err_set(e, GS_NOT_FOUND, "name", "tenant %s has no dataset named \"%s\"", tenant,
@@ -892,11 +892,11 @@ int gs_store_dataset_get(gs_store *s, const char *tenant, const char *name, gs_d
 int gs_store_dataset_by_sha(gs_store *s, const char *tenant, const char *sha256,
                             gs_dataset_row *out, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_DATASET_BY_SHA, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(q, 2, sha256, -1, SQLITE_TRANSIENT);
   int rc = one_dataset(s, q, out, e);
-  if (rc < 0) return -1;
+  if (rc < 0) return gs_err_rc(e);
   if (rc == 0)
     return gs_err_set(e, GS_NOT_FOUND, "", "tenant %s has no dataset with content sha256:%.64s",
                       tenant, sha256);
@@ -904,8 +904,8 @@ int gs_store_dataset_by_sha(gs_store *s, const char *tenant, const char *sha256,
 }
 
 int gs_store_dataset_add(gs_store *s, const gs_dataset_row *d, gs_err *e) {
-  if (gs_store_name_valid(d->name, "name", e) < 0) return -1;
-  if (begin(s, e) < 0) return -1;
+  if (gs_store_name_valid(d->name, "name", e) < 0) return gs_err_rc(e);
+  if (begin(s, e) < 0) return gs_err_rc(e);
   gs_dataset_row old;
   sqlite3_stmt *q = stmt(s, Q_DATASET_GET, e);
   if (!q) return rollback(s);
@@ -940,7 +940,7 @@ int gs_store_dataset_list(gs_store *s, const char *tenant, gs_dataset_row **out,
   *out = NULL;
   *n = 0;
   sqlite3_stmt *q = stmt(s, tenant ? Q_DATASET_LIST : Q_DATASET_LIST_ALL, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   if (tenant) sqlite3_bind_text(q, 1, tenant, -1, SQLITE_TRANSIENT);
   gs_dataset_row *list = NULL;
   size_t count = 0;
@@ -967,7 +967,7 @@ int gs_store_dataset_list(gs_store *s, const char *tenant, gs_dataset_row **out,
 
 int gs_store_dataset_remove(gs_store *s, const char *tenant, const char *name,
                             gs_dataset_row *removed, uint64_t *refs_left, gs_err *e) {
-  if (begin(s, e) < 0) return -1;
+  if (begin(s, e) < 0) return gs_err_rc(e);
   if (gs_store_dataset_get(s, tenant, name, removed, e) < 0) return rollback(s);
   sqlite3_stmt *q = stmt(s, Q_DATASET_DELETE, e);
   if (!q) return rollback(s);
@@ -994,7 +994,7 @@ int gs_store_dataset_remove(gs_store *s, const char *tenant, const char *name,
 
 int gs_store_job_insert(gs_store *s, const gs_job_row *j, uint64_t *id, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_JOB_INSERT, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, j->tenant, -1, SQLITE_STATIC);
   sqlite3_bind_text(q, 2, j->vdev, -1, SQLITE_STATIC);
   sqlite3_bind_int(q, 3, j->state);
@@ -1008,7 +1008,7 @@ int gs_store_job_insert(gs_store *s, const gs_job_row *j, uint64_t *id, gs_err *
 int gs_store_job_update(gs_store *s, uint64_t id, int state, uint32_t crashes,
                         const uint8_t *record, size_t len, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_JOB_UPDATE, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_int64(q, 1, (int64_t)id);
   sqlite3_bind_int(q, 2, state);
   sqlite3_bind_int64(q, 3, crashes);
@@ -1028,7 +1028,7 @@ int gs_store_job_list(gs_store *s, gs_job_row **out, size_t *n, gs_err *e) {
   *out = NULL;
   *n = 0;
   sqlite3_stmt *q = stmt(s, Q_JOB_LIST, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   gs_job_row *list = NULL;
   size_t count = 0;
   int rc;
@@ -1068,7 +1068,7 @@ oom:
 int gs_store_job_event_add(gs_store *s, uint64_t id, const uint8_t *record, size_t len,
                            gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_EVENT_INSERT, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_int64(q, 1, (int64_t)id);
   sqlite3_bind_blob(q, 2, record ? (const void *)record : "", (int)len, SQLITE_STATIC);
   if (step_done(s, q, e, "insert job event") != 0) return db_fail(s, e, "insert job event");
@@ -1079,7 +1079,7 @@ int gs_store_job_events(gs_store *s, uint64_t id,
                         void (*fn)(void *u, const uint8_t *rec, size_t len), void *u,
                         gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_EVENT_LIST, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_int64(q, 1, (int64_t)id);
   int rc;
   while ((rc = sqlite3_step(q)) == SQLITE_ROW)
@@ -1090,7 +1090,7 @@ int gs_store_job_events(gs_store *s, uint64_t id,
 
 int gs_store_vdev_active_jobs(gs_store *s, const char *vdev, uint32_t *n, gs_err *e) {
   sqlite3_stmt *q = stmt(s, Q_VDEV_JOBS, e);
-  if (!q) return -1;
+  if (!q) return gs_err_rc(e);
   sqlite3_bind_text(q, 1, vdev, -1, SQLITE_TRANSIENT);
   int rc = sqlite3_step(q);
   *n = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(q, 0) : 0;
