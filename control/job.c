@@ -85,7 +85,7 @@ static int job_put(gs_daemon *d, gs_job *j) {
     uint64_t cap = J->cap ? J->cap : 64;
     while (cap <= id) cap *= 2;
     gs_job **p = realloc(J->by_id, cap * sizeof *p);
-    if (!p) return -1;
+    if (!p) return -ENOMEM;
     memset(p + J->cap, 0, (cap - J->cap) * sizeof *p);
     J->by_id = p;
     J->cap = cap;
@@ -109,7 +109,7 @@ int gs_job_add(gs_daemon *d, Gpushare__V1__Job *rec, gs_job **out, gs_err *e) {
 int gs_job_persist(gs_daemon *d, gs_job *j) {
   size_t n = gpushare__v1__job__get_packed_size(j->rec);
   uint8_t *buf = malloc(n ? n : 1);
-  if (!buf) return -1;
+  if (!buf) return -ENOMEM;
   gpushare__v1__job__pack(j->rec, buf);
   gs_err e;
   gs_err_clear(&e);
@@ -170,7 +170,7 @@ int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const 
   if (!gs_job_legal((int)r->state, (int)st)) {
     gs_error("job %" PRIu64 ": no move from %s to %s; it stays %s", r->id,
              gs_job_state_name(r->state), gs_job_state_name(st), gs_job_state_name(r->state));
-    return -1;
+    return -EINVAL;
   }
   r->has_state = 1;
   r->state = st;

@@ -70,9 +70,10 @@ bool gs_job_final(int state);
 bool gs_job_legal(int from, int to);
 
 /* Change state (refused, logged, when not legal), persist, log the event
- * and tell the sink; a final state ends the job's streams. 0 or -1. */
+ * and tell the sink; a final state ends the job's streams. 0, or -EINVAL
+ * when the move is not legal, or the store's error. */
 int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const char *reason);
-/* Write the record to the store (0, or -1 logged). */
+/* Write the record to the store (0, or a negative errno, logged). */
 int gs_job_persist(gs_daemon *d, gs_job *j);
 /* An event describing the job as it stands (state, step, last metrics);
  * message is borrowed. */

@@ -1,6 +1,7 @@
 /* log.c: see log.h. */
 #include "control/log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,7 @@ int gs_log_set_level(const char *name) {
       max_level = levels[i].level;
       return 0;
     }
-  return -1;
+  return -EINVAL;
 }
 
 void gs_log(int level, const char *fmt, ...) {

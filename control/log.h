@@ -12,7 +12,7 @@
 
 enum gs_log_level { GS_LOG_ERROR = 3, GS_LOG_WARN = 4, GS_LOG_INFO = 6, GS_LOG_DEBUG = 7 };
 
-/* "error", "warn", "info", "debug"; returns -1 for anything else. */
+/* "error", "warn", "info", "debug"; returns -EINVAL for anything else. */
 int gs_log_set_level(const char *name);
 void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

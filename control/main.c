@@ -189,9 +189,9 @@ static void signals_start(gs_daemon *d) {
  * with 0 once the child listens, 1 when it failed to start. */
 static int daemonize(const char *state_dir, int *ready_fd) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) return -1;
+  if (pipe2(p, O_CLOEXEC) < 0) return -errno;
   pid_t pid = fork();
-  if (pid < 0) return -1;
+  if (pid < 0) return -errno;
   if (pid > 0) {
     close(p[1]);
     char b = 0;

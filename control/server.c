@@ -207,7 +207,7 @@ static int conn_send(conn *c, uint8_t *frame, size_t len, bool ends) {
   if (!w) {
     free(frame);
     if (ends) request_done(c, false);
-    return -1;
+    return -ENOMEM;
   }
   w->c = c;
   w->ends = ends;
@@ -218,7 +218,7 @@ static int conn_send(conn *c, uint8_t *frame, size_t len, bool ends) {
     free(frame);
     free(w);
     if (ends) request_done(c, false);
-    return -1;
+    return -ENOMEM;
   }
   return 0;
 }
@@ -233,11 +233,11 @@ int gs_server_on_close(gs_conn *c, gs_server_close_fn fn, void *arg) {
       return 0;
     }
   }
-  return -1;
+  return -ENOSPC;
 }
 
 int gs_server_send(gs_conn *c, Gpushare__V1__Response *resp) {
-  if (!c || c->closing) return -1;
+  if (!c || c->closing) return -EPIPE;
   /* Every streamed frame but a watch's non-final events ends its request. */
   bool ends = !(resp->result_case == GPUSHARE__V1__RESPONSE__RESULT_WATCH && resp->watch &&
                 !(resp->watch->has_final && resp->watch->final));
@@ -245,7 +245,7 @@ int gs_server_send(gs_conn *c, Gpushare__V1__Response *resp) {
   size_t len;
   if (gs_wire_frame(&resp->base, &frame, &len) < 0) {
     if (ends) request_done(c, false);
-    return -1;
+    return -ENOMEM;
   }
   return conn_send(c, frame, len, ends);
 }

@@ -40,12 +40,12 @@ size_t gs_server_connections(const gs_server *s);
  * max_inflight and max_frame apply from now on. */
 void gs_server_limits_changed(gs_server *s);
 
-/* Send a whole framed Response on a connection later (streams). Returns -1
- * when the connection is gone (or conn is NULL). */
+/* Send a whole framed Response on a connection later (streams). Returns 0,
+ * -EPIPE when the connection is gone (or conn is NULL), or -ENOMEM. */
 int gs_server_send(gs_conn *conn, Gpushare__V1__Response *resp);
 /* Call fn(arg, conn) once conn closes; registering the same fn and arg
  * again is a no-op. A NULL conn (a call made outside a connection: tests,
- * the fuzzer) never closes: 0, nothing registered. -1 when the
+ * the fuzzer) never closes: 0, nothing registered. -ENOSPC when the
  * connection has no room for another hook. */
 typedef void (*gs_server_close_fn)(void *arg, gs_conn *conn);
 int gs_server_on_close(gs_conn *conn, gs_server_close_fn fn, void *arg);

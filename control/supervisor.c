@@ -218,18 +218,18 @@ static void on_written(uv_write_t *req, int status) {
 }
 
 int gs_supervisor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m) {
-  if (!x->running || !x->pipe_open || !x->ready) return -1;
+  if (!x->running || !x->pipe_open || !x->ready) return -EAGAIN; /* not running: sent again after ready */
   write_req *w = malloc(sizeof *w);
   size_t len;
   if (!w || gs_wire_frame(&m->base, &w->frame, &len) < 0) {
     free(w);
-    return -1;
+    return -ENOMEM;
   }
   uv_buf_t b = uv_buf_init((char *)w->frame, (unsigned)len);
   if (uv_write(&w->req, (uv_stream_t *)&x->pipe, &b, 1, on_written) < 0) {
     free(w->frame);
     free(w);
-    return -1;
+    return -EIO;
   }
   return 0;
 }

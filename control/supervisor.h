@@ -36,8 +36,9 @@ const char *gs_supervisor_path(char *buf, size_t len);
 
 int gs_supervisor_start(gs_daemon *d, size_t device, const gs_supervisor_events *ev,
                       gs_executor **out, gs_err *e);
-/* Queue one message; -1 when the executor is not running (the caller keeps
- * the job pending and sends it again after `ready`). */
+/* Queue one message: 0, -EAGAIN when the executor is not running (the
+ * caller keeps the job pending and sends it again after `ready`), -ENOMEM
+ * or -EIO. */
 int gs_supervisor_send(gs_executor *x, const Gpushare__Exec__V1__ToExecutor *m);
 bool gs_supervisor_ready(const gs_executor *x);
 const char *gs_supervisor_device(const gs_executor *x);
