@@ -1,6 +1,7 @@
 /* test_job.c: the job state machine (control/job.c): the legal moves, and
  * a transition the machine does not have leaves the job as it was. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +81,7 @@ Test(job, transitions_are_stored_and_told) {
   cr_assert_eq(gs_job_get(&d, id), j);
   cr_assert_eq(gs_jobs_count(&d, "alice", Q), 1);
 
-  cr_assert_eq(gs_job_transition(&d, j, GPUSHARE__V1__JOB_STATE__SUCCEEDED, NULL), -1,
+  cr_assert_eq(gs_job_transition(&d, j, GPUSHARE__V1__JOB_STATE__SUCCEEDED, NULL), -EINVAL,
                "QUEUED cannot succeed");
   cr_assert_eq(j->rec->state, Q);
   cr_assert_eq(events, 0);
