@@ -92,7 +92,7 @@ Test(job, transitions_are_stored_and_told) {
   cr_assert_eq(gs_job_transition(&d, j, GPUSHARE__V1__JOB_STATE__FAILED, "boom"), 0);
   cr_assert(last_final);
   cr_assert_str_eq(j->rec->reason, "boom");
-  cr_assert_eq(gs_job_transition(&d, j, GPUSHARE__V1__JOB_STATE__RUNNING, NULL), -1,
+  cr_assert_eq(gs_job_transition(&d, j, GPUSHARE__V1__JOB_STATE__RUNNING, NULL), -EINVAL,
                "a final state is final");
 
   /* What the store holds comes back the same at the next start. */
