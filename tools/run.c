@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/file.h"
 #include "common/size.h"
 #include "kernels/backend.h"
 #include "present/present.h"
@@ -155,30 +156,17 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
   return 0;
 }
 
-static char *read_file(const char *path, size_t *len, gs_err *e) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    gs_err_set(e, GS_NOT_FOUND, "job", "cannot open the job file %s: %s", path,
-               strerror(errno));
-    return NULL;
-  }
-  char *buf = malloc(JOB_MAX_BYTES + 1);
-  size_t n = buf ? fread(buf, 1, JOB_MAX_BYTES + 1, f) : 0;
-  int err = ferror(f);
-  fclose(f);
-  if (!buf || err) {
-    gs_err_set(e, GS_INTERNAL, "job", "cannot read the job file %s", path);
-    free(buf);
-    return NULL;
-  }
-  if (n > JOB_MAX_BYTES) {
+/* The job file, whole: a JobSpec is small (its datasets are separate files),
+ * at most the wire's frame. */
+static char *read_job(const char *path, size_t *len, gs_err *e) {
+  uint8_t *buf;
+  int rc = gs_file_read(path, JOB_MAX_BYTES, "job", &buf, len, e);
+  if (rc == -EFBIG)
     gs_err_set(e, GS_INVALID_ARGUMENT, "job", "the job file %s is over %u bytes: a JobSpec "
                "is small (datasets are separate files)", path, JOB_MAX_BYTES);
-    free(buf);
-    return NULL;
-  }
-  *len = n;
-  return buf;
+  else if (rc == -ENOENT)
+    gs_err_set(e, GS_NOT_FOUND, "job", "cannot open the job file %s: %s", path, strerror(ENOENT));
+  return rc ? NULL : (char *)buf;
 }
 
 static bool file_exists(const char *p) {
@@ -482,7 +470,7 @@ int main(int argc, char **argv) {
   memset(&fail, 0, sizeof fail);
   memset(&adm, 0, sizeof adm);
 
-  if (!(buf = read_file(job, &len, &e))) goto fail;
+  if (!(buf = read_job(job, &len, &e))) goto fail;
   spec = gpushare__v1__job_spec__unpack(NULL, len, (const uint8_t *)buf);
   if (!spec) {
     gs_err_set(&e, GS_INVALID_ARGUMENT, "job",

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/file.h"
 #include "runtime/data.h"
 
 #define FASHION "/usr/share/datasets/fashion-mnist"
@@ -88,14 +89,9 @@ static const char *put_gz(const char *name, blob b) {
 }
 
 static blob slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  blob b = {malloc((size_t)n + 1), (size_t)n};
-  cr_assert_eq(fread(b.p, 1, b.len, f), b.len);
-  fclose(f);
+  blob b;
+  gs_err e = {0};
+  cr_assert_eq(gs_file_read(path, SIZE_MAX - 1, NULL, &b.p, &b.len, &e), 0, "%s", e.msg);
   return b;
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "runtime/safetensors.h"
 
 static char dir[64];
@@ -43,14 +44,9 @@ static char *path_of(const char *name) {
 }
 
 static uint8_t *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f);
-  fseek(f, 0, SEEK_END);
-  *len = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc(*len + 1);
-  cr_assert_eq(fread(b, 1, *len, f), *len);
-  fclose(f);
+  uint8_t *b;
+  gs_err e = {0};
+  cr_assert_eq(gs_file_read(path, SIZE_MAX - 1, NULL, &b, len, &e), 0, "%s", e.msg);
   return b;
 }
 
