@@ -24,7 +24,7 @@
 #include "runtime/idx.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 
 /* ------------------------------------------------------------- submit --- */
 
@@ -132,7 +132,7 @@ static gs_alloc_policy vdev_policy(const gs_vdev *v) {
 static void *arena_pb_alloc(void *a, size_t n) { return gs_call_alloc(a, n); }
 static void arena_pb_free(void *a, void *p) { (void)a, (void)p; }
 
-/* The plan as a message in the request's arena (runtime/spec_pb.c's, with
+/* The plan as a message in the request's arena (convert/spec_pb.c's, with
  * present/'s table as its summary); fits is judged for a vdev of `limit`
  * bytes and `policy` (always true without a limit). */
 static Gpushare__V1__Plan *plan_msg(gs_call_arena *a, const gs_plan *p, uint64_t limit,

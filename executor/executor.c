@@ -77,7 +77,7 @@
 #include "runtime/data.h"
 #include "runtime/model.h"
 #include "runtime/oom.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 #include "runtime/train.h"
 /* executor.cmake defines these where the pieces are part of the build. */
 #include "kernels/loader.h" /* the CUDA plugin loader: gpuN devices */

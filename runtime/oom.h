@@ -8,7 +8,7 @@
  * glance) and what would fit (the planner's suggestions). The executor
  * stores that report with the job and gpushare-run prints it; both call
  * gs_oom_report_build, so the daemon and the runner say the same words and
- * suggest the same fit. runtime/spec_pb.h turns it into a
+ * suggest the same fit. convert/spec_pb.h turns it into a
  * gpushare.v1.OomReport and present/ into text.
  */
 #ifndef GS_RUNTIME_OOM_H

@@ -25,7 +25,7 @@
  *
  * What people read (the plan table, OOM reports, the memory chart) is not
  * here: runtime/oom.c builds the OOM report from the planner's suggestions,
- * runtime/spec_pb.c turns plans and reports into messages and present/
+ * convert/spec_pb.c turns plans and reports into messages and present/
  * writes them as text.
  */
 #include "runtime/plan.h"

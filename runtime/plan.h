@@ -9,7 +9,7 @@
  * measure, without allocating anything. The same calls serve gpushare-run
  * (--plan, --memory-limit), the daemon's submit (admission, auto_fit) and
  * `gpuctl plan`, and the OOM reports (runtime/oom.h: what would fit). The
- * plan is plain C; runtime/spec_pb.h turns it into a gpushare.v1.Plan and
+ * plan is plain C; convert/spec_pb.h turns it into a gpushare.v1.Plan and
  * present/ into the table people read.
  */
 #ifndef GS_PLAN_H

@@ -13,7 +13,7 @@
  * field carries the value as written: a kind-specific layer field is read
  * only for its kind, a presence flag (has_*) exists where absence means
  * something other than a value, and an enum field may hold a number the
- * runtime does not know (runtime/spec_pb.c passes a protobuf value it cannot
+ * runtime does not know (convert/spec_pb.c passes a protobuf value it cannot
  * map through unchanged), which the validator then rejects with that
  * number. The runtime's enum values equal gpushare.v1's numbers for that
  * reason; spec_pb.c still maps them one by one.

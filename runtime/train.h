@@ -223,7 +223,7 @@ uint64_t gs_train_total_steps(const gs_train *t);
  * layer `layer` to host memory: count floats (= the param's count). */
 int gs_train_read_param(gs_train *t, uint32_t layer, uint32_t param, float *host, size_t count);
 
-/* A job's memory over its steps (runtime/spec_pb.h turns it into a
+/* A job's memory over its steps (convert/spec_pb.h turns it into a
  * gpushare.v1.MemoryTimeline, present/ into a chart). */
 typedef struct gs_timeline_step {
   uint64_t step;              /* the (last) optimizer step of this entry */

@@ -55,7 +55,7 @@
 #include "runtime/model.h"
 #include "runtime/oom.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 #include "runtime/train.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"

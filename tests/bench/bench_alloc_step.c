@@ -25,7 +25,7 @@
 #include "proto/gpushare.pb-c.h"
 #include "runtime/alloc.h"
 #include "runtime/data.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 #include "runtime/train.h"
 
 static double now_ns(void) {

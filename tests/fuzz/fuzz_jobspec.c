@@ -1,6 +1,6 @@
 /*
  * fuzz_jobspec: a packed gpushare.v1.JobSpec through the model builder
- * (runtime/spec_pb.c: JobSpec -> gs_job_spec; runtime/model.c: gs_model_build, recipe validation and shape
+ * (convert/spec_pb.c: JobSpec -> gs_job_spec; runtime/model.c: gs_model_build, recipe validation and shape
  * inference) and the planner (runtime/plan.c: gs_plan_job, which walks
  * gs_train_buffers with the cpu backend's workspace queries; no tensor is
  * allocated). The same path serves gpushare-run --plan, `gpuctl plan` and
@@ -28,7 +28,7 @@
 #include "proto/gpushare.pb-c.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 
 static void check_shape(const gs_shape *s, const gs_model *m) {
   if (s->rank != 1 && s->rank != 3) abort();

@@ -7,11 +7,12 @@
      common   -
      kernels  common
      proto    common
-     runtime  kernels, common (runtime/spec_pb.* alone also proto)
+     runtime  kernels, common
+     convert  runtime, kernels, proto, common
      present  proto, common
-     executor runtime, present, kernels, proto, common
-     tools    runtime, present, kernels, proto, common
-     control  runtime, present, kernels, proto, common
+     executor convert, runtime, present, kernels, proto, common
+     tools    convert, runtime, present, kernels, proto, common
+     control  convert, runtime, present, kernels, proto, common
      client   present, proto, common
    and only control/ includes libuv (<uv.h>).
 3. The module graph has no cycle: a module is a source file and its header
@@ -34,10 +35,11 @@ ALLOWED = {
     "kernels": {"common"},
     "proto": {"common"},
     "runtime": {"kernels", "common"},
+    "convert": {"runtime", "kernels", "proto", "common"},
     "present": {"proto", "common"},
-    "executor": {"runtime", "present", "kernels", "proto", "common"},
-    "tools": {"runtime", "present", "kernels", "proto", "common"},
-    "control": {"runtime", "present", "kernels", "proto", "common"},
+    "executor": {"convert", "runtime", "present", "kernels", "proto", "common"},
+    "tools": {"convert", "runtime", "present", "kernels", "proto", "common"},
+    "control": {"convert", "runtime", "present", "kernels", "proto", "common"},
     "client": {"present", "proto", "common"},
 }
 # Headers whose functions are defined by several sources on purpose.
@@ -47,8 +49,6 @@ CONTRACTS = {
     "kernels/cuda/cuda_internal.h",
     "kernels/ref_blas/cblas.h",    # OpenBLAS's interface, for a host without it
 }
-# The one file of runtime/ that converts protobuf to the runtime's structs.
-EDGE = {"runtime/spec_pb.c", "runtime/spec_pb.h"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
 
 errors = []
@@ -75,10 +75,9 @@ for folder in sorted(ALLOWED):
                     errors.append(f'{path}: #include "{inc}" is not by path from the repository root')
                     continue
                 dep = inc.split("/")[0]
-                if dep != folder and dep not in ALLOWED.get(dep, ()) and dep not in ALLOWED[folder]:
-                    if not (path in EDGE and dep == "proto"):
-                        errors.append(f"{path}: includes {inc}, but {folder}/ may include only "
-                                      f"{', '.join(sorted(ALLOWED[folder])) or 'itself'}")
+                if dep != folder and dep not in ALLOWED[folder]:
+                    errors.append(f"{path}: includes {inc}, but {folder}/ may include only "
+                                  f"{', '.join(sorted(ALLOWED[folder])) or 'itself'}")
                 target = os.path.splitext(inc)[0]
                 if target != module and os.path.exists(os.path.join(ROOT, inc)):
                     graph[module].add(target)

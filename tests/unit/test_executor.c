@@ -31,7 +31,7 @@
 #include "proto/gpushare.pb-c.h"
 #include "proto/wire.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 
 #ifndef GS_EXECUTOR_PATH
 #error "GS_EXECUTOR_PATH must name the built gpushare-executor"

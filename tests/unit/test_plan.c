@@ -24,7 +24,7 @@
 #include "runtime/data.h"
 #include "runtime/oom.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 #include "runtime/train.h"
 
 static gs_backend *B;

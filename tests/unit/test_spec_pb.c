@@ -1,5 +1,5 @@
 /*
- * test_spec_pb.c: the protobuf edge of the runtime (runtime/spec_pb.c) and
+ * test_spec_pb.c: the protobuf edge of the runtime (convert/spec_pb.c) and
  * the text made from its messages (present/).
  *
  * Inbound: every field of a JobSpec the runtime reads arrives in the
@@ -19,7 +19,7 @@
 #include "runtime/model.h"
 #include "runtime/oom.h"
 #include "runtime/plan.h"
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 
 static gs_err e;
 

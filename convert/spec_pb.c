@@ -12,7 +12,7 @@
  * every optional field present (a zero is a measured zero). Each message is
  * malloc'd whole so the generated free_unpacked releases it.
  */
-#include "runtime/spec_pb.h"
+#include "convert/spec_pb.h"
 
 #include <errno.h>
 #include <stdlib.h>
