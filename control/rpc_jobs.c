@@ -290,7 +290,7 @@ static int visible_job(gs_call *c, uint64_t id, bool has, gs_job **out, gs_err *
 }
 
 int gs_rpc_job_status(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->job_status->id, rq->job_status->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__JobStatusResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__JobStatusResponse, GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT);
@@ -325,7 +325,7 @@ int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 }
 
 int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->watch->id, rq->watch->has_id, &j, e) < 0) return gs_err_rc(e);
   /* Its events carry the request id: two watches under one id on one
    * connection could not be told apart. */
@@ -369,7 +369,7 @@ int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 }
 
 int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return gs_err_rc(e);
   gs_daemon *d = c->d;
   if (gs_job_final(j->rec->state))
@@ -417,7 +417,7 @@ static void collect_event(void *u, const uint8_t *rec, size_t len) {
 }
 
 int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->logs->id, rq->logs->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__LogsResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__LogsResponse, GPUSHARE__V1__LOGS_RESPONSE__INIT);
@@ -431,7 +431,7 @@ int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 
 int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   const Gpushare__V1__FetchRequest *r = rq->fetch;
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, r->id, r->has_id, &j, e) < 0) return gs_err_rc(e);
   bool ckpt = r->has_checkpoint && r->checkpoint;
   if (!ckpt && j->rec->state != GPUSHARE__V1__JOB_STATE__SUCCEEDED)
@@ -473,7 +473,7 @@ int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 }
 
 int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j;
+  gs_job *j = NULL;
   if (visible_job(c, rq->memory->id, rq->memory->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__MemoryResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__MemoryResponse, GPUSHARE__V1__MEMORY_RESPONSE__INIT);

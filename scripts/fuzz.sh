@@ -52,7 +52,7 @@ BUILD=${GS_FUZZ_BUILD:-build-fuzz}
 JOBS=${GS_FUZZ_JOBS:-$(nproc)}
 echo "== fuzz: building ${TARGETS[*]} in $BUILD"
 CC="$CC" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGS_SANITIZE=ON \
-  -DGS_TESTS=OFF -DCMAKE_CUDA_COMPILER=CMAKE_CUDA_COMPILER-NOTFOUND \
+  -DGS_TESTS=OFF -DGS_CUDA=OFF \
   "-DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -Wno-unknown-warning-option" \
   -DGS_FUZZ=ON -DGS_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]/#/fuzz_}" >/dev/null
