@@ -522,6 +522,18 @@ static int load_idx(const void *user, const char *which, const gs_spec_dataset *
   return rc;
 }
 
+/* A job's event to the control plane, as Progress. */
+static void send_progress(const job *j, Gpushare__V1__JobEvent *ev) {
+  Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
+  pr.has_job_id = true;
+  pr.job_id = j->id;
+  pr.event = ev;
+  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
+  m.progress = &pr;
+  send_msg(&m);
+}
+
 static void on_step(void *user, const gs_train_progress *p) {
   job *j = user;
   double now = mono_s();
@@ -545,14 +557,7 @@ static void on_step(void *user, const gs_train_progress *p) {
   ev.memory_in_use = p->memory_in_use;
   ev.memory_limit = j->v->limit;
   ev.loss_scale = p->loss_scale;
-  Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
-  pr.has_job_id = true;
-  pr.job_id = j->id;
-  pr.event = &ev;
-  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
-  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
-  m.progress = &pr;
-  send_msg(&m);
+  send_progress(j, &ev);
 }
 
 static void on_epoch(void *user, const gs_train_epoch *e) {
@@ -596,14 +601,7 @@ static void on_epoch(void *user, const gs_train_epoch *e) {
   ev.has_memory_limit = true;
   ev.memory_limit = j->v->limit;
   ev.epoch_end = &em;
-  Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
-  pr.has_job_id = true;
-  pr.job_id = j->id;
-  pr.event = &ev;
-  Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
-  m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
-  m.progress = &pr;
-  send_msg(&m);
+  send_progress(j, &ev);
 }
 
 /* The job's OomReport, from the runtime's one builder (runtime/oom.h): the
