@@ -76,6 +76,26 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
         return gs_err_set(e, GS_INVALID_ARGUMENT, f,
                           "%s.synthetic.classes %" PRIu32 " is out of range: from 2 to 65536",
                           names[k] + 5, sy->classes);
+      /* The set is drawn in memory, image by image: it must fit the 4 GiB
+       * a dataset may hold, and a test set drawn with the train set (one
+       * seed, one number of classes) together with it. */
+      const uint64_t image = gs_shape_elements(&m->input);
+      uint64_t examples = sy->examples;
+      const Gpushare__V1__SyntheticDataset *tr = spec->train->synthetic;
+      bool joint = k == 1 && spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC &&
+                   tr->seed == sy->seed && tr->classes == sy->classes;
+      if (joint) examples = sy->examples > UINT64_MAX - tr->examples ? UINT64_MAX
+                                                                     : sy->examples + tr->examples;
+      snprintf(f, sizeof f, "%s.synthetic.examples", names[k]);
+      if (examples > GS_DATASET_MAX_ELEMS / image)
+        return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                          "%s.synthetic.examples %" PRIu64 "%s of %" PRIu64
+                          " pixels each are more than the %" PRIu64 " pixels (4 GiB) a dataset "
+                          "may hold: at most %" PRIu64 " examples",
+                          names[k] + 5, sy->examples,
+                          joint ? " with the train set's (drawn together: one seed)" : "", image,
+                          (uint64_t)GS_DATASET_MAX_ELEMS,
+                          GS_DATASET_MAX_ELEMS / image - (joint ? tr->examples : 0));
       uint32_t classes = sy->classes;
       if (k == 1 && classes < m->classes) classes = m->classes; /* as for IDX below */
       if (gs_model_check_dataset(m, names[k] + 5, m->input.h, m->input.w, m->input.c, classes,

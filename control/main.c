@@ -204,7 +204,7 @@ static int daemonize(const char *state_dir, int *ready_fd) {
   setsid();
   char log[PATH_MAX];
   snprintf(log, sizeof log, "%s/gpushared.log", state_dir);
-  mkdir(state_dir, 0750);
+  mkdir(state_dir, 0700);
   int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
   int null = open("/dev/null", O_RDWR);
   if (null >= 0) {

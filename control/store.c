@@ -20,14 +20,19 @@
 #include "control/store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "control/log.h"
 
 static const char *const migrations[] = {
     /* 0 -> 1: tenants, their members, vdevs. */
@@ -175,7 +180,8 @@ struct gs_store {
   sqlite3 *db;              /* the one connection, loop thread only */
   int txn_depth;            /* > 0: inside gs_store_txn_begin; calls join it */
   sqlite3_stmt *st[Q_COUNT]; /* prepared on first use */
-  char path[PATH_MAX];          /* STATE_DIR/gpushared.db, for messages */
+  char path[PATH_MAX];      /* STATE_DIR/gpushared.db, for messages */
+  int lock_fd;              /* STATE_DIR/gpushared.lock, flock'd while open */
 };
 
 static int db_fail(gs_store *s, gs_err *e, const char *what) {
@@ -276,18 +282,90 @@ static int migrate(gs_store *s, gs_err *e) {
   return 0;
 }
 
+/* The state directory private to the daemon's user: refused when it is
+ * someone else's and others may use it; tightened (and said so) when it
+ * is ours. */
+static int private_dir(const char *dir, gs_err *e) {
+  struct stat st;
+  if (stat(dir, &st) < 0)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot use the state directory %s: %s",
+                      dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "the state directory %s is not a directory",
+                      dir);
+  if (!(st.st_mode & 077)) return 0;
+  if (st.st_uid != geteuid())
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
+                      "the state directory %s belongs to uid %u and others may use it (mode %04o): "
+                      "give gpushared a directory of its own, mode 0700",
+                      dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+  if (chmod(dir, st.st_mode & 07700) < 0)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
+                      "the state directory %s is mode %04o, open to others, and cannot be made "
+                      "private: %s",
+                      dir, (unsigned)(st.st_mode & 07777), strerror(errno));
+  gs_warn("the state directory %s was mode %04o; it is now %04o, the daemon's alone", dir,
+          (unsigned)(st.st_mode & 07777), (unsigned)(st.st_mode & 07700));
+  return 0;
+}
+
+/* One daemon per state directory: an exclusive flock on STATE/gpushared.lock,
+ * held while the store is open (the kernel drops it when the process ends,
+ * however it ends), with the holder's pid written inside for the refusal
+ * of a second one. */
+static int lock_dir(gs_store *s, const char *dir, gs_err *e) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/gpushared.lock", dir);
+  s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (s->lock_fd < 0)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot open the lock file %s: %s",
+                      path, strerror(errno));
+  if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+    int err = errno;
+    char pid[32] = "";
+    ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    if (err == EWOULDBLOCK)
+      return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
+                        "the state directory %s is held by another gpushared (pid %s, lock file "
+                        "%s): stop that daemon, or give this one a state directory of its own",
+                        dir, pid[0] ? pid : "unknown", path);
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot lock %s: %s", path,
+                      strerror(err));
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(s->lock_fd, 0) < 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len)
+    gs_warn("cannot write the pid into %s: %s", path, strerror(errno));
+  return 0;
+}
+
 int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
   *out = NULL;
-  if (mkdir(state_dir, 0750) < 0 && errno != EEXIST)
+  if (mkdir(state_dir, 0700) < 0 && errno != EEXIST)
     return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
                       "cannot create the state directory %s: %s", state_dir, strerror(errno));
+  if (private_dir(state_dir, e) < 0) return gs_err_rc(e);
   gs_store *s = calloc(1, sizeof *s);
   if (!s) return gs_err_set(e, GS_INTERNAL, "", "store: out of memory");
+  s->lock_fd = -1;
   int n = snprintf(s->path, sizeof s->path, "%s/gpushared.db", state_dir);
   if (n < 0 || (size_t)n >= sizeof s->path) {
     free(s);
     return gs_err_set(e, GS_INVALID_ARGUMENT, "state_dir", "state directory path too long");
   }
+  if (lock_dir(s, state_dir, e) < 0) goto fail;
+  /* The database and the WAL and shared-memory files SQLite makes beside it
+   * (with the database's mode) are the daemon's alone. */
+  int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || fchmod(fd, 0600) < 0) {
+    gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot create %s with mode 0600: %s",
+               s->path, strerror(errno));
+    if (fd >= 0) close(fd);
+    goto fail;
+  }
+  close(fd);
   if (sqlite3_open_v2(s->path, &s->db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       NULL) != SQLITE_OK) {
@@ -311,6 +389,7 @@ void gs_store_close(gs_store *s) {
   if (!s) return;
   for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(s->st[i]);
   sqlite3_close(s->db);
+  if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */
   free(s);
 }
 

@@ -74,7 +74,12 @@ typedef struct gs_store gs_store;
 
 #define GS_STORE_SCHEMA_VERSION 2
 
-/* Open (creating the directory's database if needed) and migrate. */
+/* Open (creating the directory and its database if needed) and migrate.
+ * The state directory is the daemon's alone: one already open to other
+ * users is made private (0700) when it is ours and refused when it is
+ * not, the database is created 0600, and STATE/gpushared.lock is held
+ * (flock) until gs_store_close, so a second daemon (or store) on the same
+ * directory is refused with FAILED_PRECONDITION naming the holder's pid. */
 int gs_store_open(const char *state_dir, gs_store **out, gs_err *e);
 void gs_store_close(gs_store *s);
 int gs_store_schema_version(gs_store *s);

@@ -350,6 +350,24 @@ Test(rpc, bad_input_names_the_field) {
   expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.idx.images");
   gpushare__v1__response__free_unpacked(r, NULL);
 
+  /* Sets that cannot be held: one too large, and a pair of one seed whose
+   * counts add past 2^64 (drawn together, they would wrap to nothing). */
+  spec_init(&s, UINT64_C(1) << 40);
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.synthetic.examples");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  spec_init(&s, 256);
+  Gpushare__V1__SyntheticDataset tsyn = s.syn;
+  tsyn.examples = UINT64_MAX - 100;
+  Gpushare__V1__Dataset test = GPUSHARE__V1__DATASET__INIT;
+  test.source_case = GPUSHARE__V1__DATASET__SOURCE_SYNTHETIC;
+  test.synthetic = &tsyn;
+  s.spec.test = &test;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.test.synthetic.examples");
+  cr_assert(strstr(r->message, "drawn together"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
   spec_init(&s, 256);
   s.spec.vdev = "vb"; /* bob's */
   r = submit(&alice, &s.spec);

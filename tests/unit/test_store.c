@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "control/store.h"
@@ -50,6 +51,36 @@ static int mk_vdev(const char *name, const char *tenant, uint64_t mem, uint32_t 
 }
 
 TestSuite(store, .init = setup, .fini = teardown);
+
+Test(store, one_store_per_state_directory) {
+  gs_store *second = NULL;
+  gs_err e2 = {0};
+  cr_assert_lt(gs_store_open(dir, &second, &e2), 0, "a second store on the directory opened");
+  cr_assert_null(second);
+  cr_assert_eq(e2.code, GS_FAILED_PRECONDITION);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
+  cr_assert(strstr(e2.msg, "held by another gpushared") && strstr(e2.msg, pid), "%s", e2.msg);
+  /* Closed, the directory is free again. */
+  gs_store_close(s);
+  s = NULL;
+  cr_assert_eq(gs_store_open(dir, &second, &e2), 0, "%s", e2.msg);
+  s = second;
+}
+
+Test(store, state_directory_and_database_are_private) {
+  char db[128];
+  snprintf(db, sizeof db, "%s/gpushared.db", dir);
+  struct stat st;
+  cr_assert_eq(stat(db, &st), 0);
+  cr_assert_eq(st.st_mode & 0777, 0600, "database mode %04o", st.st_mode & 0777);
+  gs_store_close(s);
+  s = NULL;
+  cr_assert_eq(chmod(dir, 0757), 0);
+  cr_assert_eq(gs_store_open(dir, &s, &e), 0, "%s", e.msg);
+  cr_assert_eq(stat(dir, &st), 0);
+  cr_assert_eq(st.st_mode & 0777, 0700, "state directory mode %04o", st.st_mode & 0777);
+}
 
 Test(store, fresh_database_is_migrated) {
   cr_assert_eq(gs_store_schema_version(s), GS_STORE_SCHEMA_VERSION);
