@@ -29,6 +29,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/utf8.h"
+
 /* ------------------------------------------------------------ decoder --- */
 
 void gs_wire_decoder_init(gs_wire_decoder *d, uint32_t max_frame) {
@@ -139,6 +141,7 @@ typedef struct walk {
   const uint8_t *base; /* start of the frame, for byte offsets */
   char path[256];      /* field path of the message being walked */
   char why[512];       /* the first fault found */
+  char field[256];     /* the string field at fault, when one is ("create_tenant.name") */
 } walk;
 
 /* Read a varint at *p (< end). 0, or -1 when truncated or over 10 bytes. */
@@ -261,6 +264,19 @@ static int walk_message(walk *w, const ProtobufCMessageDescriptor *desc, const u
                wire_type_name(wt), wire_type_name(want));
       return -1;
     }
+    if (f->type == PROTOBUF_C_TYPE_STRING) {
+      /* Strings are text: protobuf requires UTF-8, and C would cut one at
+       * a NUL. Refused here, so no handler keeps or echoes such bytes. */
+      size_t off;
+      const char *what;
+      if (gs_utf8_text(val, (size_t)vlen, &off, &what) < 0) {
+        snprintf(w->field, sizeof w->field, "%s%s%s", w->path, w->path[0] ? "." : "", f->name);
+        snprintf(w->why, sizeof w->why,
+                 "%s has %s at byte %zu of its %llu: strings are UTF-8 text without NUL", w->field,
+                 what, off, (unsigned long long)vlen);
+        return -1;
+      }
+    }
     if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
       size_t plen = strlen(w->path);
       snprintf(w->path + plen, sizeof w->path - plen, "%s%s", plen ? "." : "", f->name);
@@ -283,8 +299,11 @@ static void *unpack_checked(const ProtobufCMessageDescriptor *desc, const uint8_
   if (!body) body = empty;
   walk w = {.base = body};
   if (walk_message(&w, desc, body, body + len, 0)) {
-    gs_err_set(e, GS_INVALID_ARGUMENT, "frame", "frame of %zu bytes is not a %s: %s", len,
-               desc->name, w.why);
+    if (w.field[0])
+      gs_err_set(e, GS_INVALID_ARGUMENT, w.field, "%s", w.why);
+    else
+      gs_err_set(e, GS_INVALID_ARGUMENT, "frame", "frame of %zu bytes is not a %s: %s", len,
+                 desc->name, w.why);
     return NULL;
   }
   ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, len, body);

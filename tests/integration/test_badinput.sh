@@ -82,7 +82,11 @@ t "a Response sent as a Request" 0 "id=9 code=INVALID_ARGUMENT field=call|fields
 t "garbage protobuf (truncated tag)" 0 "id=0 code=INVALID_ARGUMENT field=frame|truncated field tag at byte 0|OPEN" R --hex ffffffff
 t "a call with the wrong wire type" 0 "field=frame|field version (number 32)|wire type varint" R --hex '08078002 05'
 t "a nested length past the frame's end" 0 "field=frame|announces 100 bytes" R --hex '0801ba0164'
-t "a name that is not UTF-8" 0 "code=INVALID_ARGUMENT" R --hex '08035a030a01ff'
+t "a name that is not UTF-8" 0 "code=INVALID_ARGUMENT field=create_tenant.name|not UTF-8|OPEN" R --hex '08035a030a01ff'
+t "a name with a NUL inside (a\\0b)" 0 "code=INVALID_ARGUMENT field=create_tenant.name|a NUL byte at byte 1" \
+  R --hex '08035a050a03610062'
+t "a job name that is not UTF-8" 0 "code=INVALID_ARGUMENT field=submit.spec.name|not UTF-8" \
+  R --hex '0806ba01060a040a02c328'
 t "wire type 3 (groups)" 0 "field=frame|wire type 3" R --hex '0801 0b'
 
 # ------------------------------------------------------------- job specs ---

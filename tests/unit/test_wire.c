@@ -368,3 +368,28 @@ Test(wire, frame_refuses_oversized_message) {
   cr_assert_null(out);
   free(data);
 }
+
+/* Strings are text: a request whose string is not UTF-8, or holds a NUL
+ * that C would cut it at, is refused naming the field, before any handler
+ * could keep or echo it. */
+Test(wire, strings_must_be_utf8_without_nul) {
+  /* Request{id 3, create_tenant{name: ...}} */
+  static const uint8_t nul[] = {0x08, 0x03, 0x5a, 0x05, 0x0a, 0x03, 'a', 0x00, 'b'};
+  static const uint8_t ff[] = {0x08, 0x03, 0x5a, 0x03, 0x0a, 0x01, 0xff};
+  static const uint8_t ok[] = {0x08, 0x03, 0x5a, 0x06, 0x0a, 0x04, 'c', 'a', 0xc3, 0xa9};
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_null(gs_wire_unpack_request(nul, sizeof nul, &e));
+  cr_assert_eq(e.code, GS_INVALID_ARGUMENT);
+  cr_assert_str_eq(e.field, "create_tenant.name");
+  cr_assert(strstr(e.msg, "a NUL byte at byte 1"), "%s", e.msg);
+  gs_err_clear(&e);
+  cr_assert_null(gs_wire_unpack_request(ff, sizeof ff, &e));
+  cr_assert_str_eq(e.field, "create_tenant.name");
+  cr_assert(strstr(e.msg, "not UTF-8"), "%s", e.msg);
+  gs_err_clear(&e);
+  Gpushare__V1__Request *r = gs_wire_unpack_request(ok, sizeof ok, &e);
+  cr_assert_not_null(r, "%s", e.msg);
+  cr_assert_str_eq(r->create_tenant->name, "ca\xc3\xa9");
+  gpushare__v1__request__free_unpacked(r, NULL);
+}
