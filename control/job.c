@@ -106,17 +106,83 @@ int gs_job_add(gs_daemon *d, Gpushare__V1__Job *rec, gs_job **out, gs_err *e) {
   return 0;
 }
 
+/* The record is on disk: the events held for it go out, in order. */
+static void job_saved(gs_daemon *d, gs_job *j) {
+  gs_jobs *J = d->jobs;
+  if (j->unsaved) {
+    j->unsaved = false;
+    J->unsaved--;
+    gs_info("job %" PRIu64 ": its state is on disk again (%s)", j->rec->id,
+            gs_job_state_name(j->rec->state));
+  }
+  if (j->state_unsaved) {
+    j->state_unsaved = false;
+    gs_job_set_str(&j->saved.reason, NULL);
+  }
+  gs_job_held *held = j->held;
+  size_t n = j->n_held;
+  j->held = NULL;
+  j->n_held = 0;
+  for (size_t i = 0; i < n; i++) {
+    Gpushare__V1__JobEvent *ev = gpushare__v1__job_event__unpack(NULL, held[i].len, held[i].ev);
+    if (ev) {
+      gs_job_log_event(d, j, ev);
+      if (J->sink) J->sink(J->sink_arg, j, ev, held[i].final);
+      gpushare__v1__job_event__free_unpacked(ev, NULL);
+    }
+    free(held[i].ev);
+  }
+  free(held);
+}
+
 int gs_job_persist(gs_daemon *d, gs_job *j) {
   size_t n = gpushare__v1__job__get_packed_size(j->rec);
   uint8_t *buf = malloc(n ? n : 1);
-  if (!buf) return -ENOMEM;
-  gpushare__v1__job__pack(j->rec, buf);
   gs_err e;
   gs_err_clear(&e);
-  int rc = gs_store_job_update(d->store, j->rec->id, (int)j->rec->state, j->crashes, buf, n, &e);
+  int rc = buf ? 0 : gs_err_set(&e, GS_INTERNAL, "", "out of memory");
+  if (buf) {
+    gpushare__v1__job__pack(j->rec, buf);
+    rc = gs_store_job_update(d->store, j->rec->id, (int)j->rec->state, j->crashes, buf, n, &e);
+  }
   free(buf);
-  if (rc < 0) gs_error("job %" PRIu64 ": cannot save its state: %s", j->rec->id, e.msg);
+  if (rc >= 0) {
+    job_saved(d, j);
+    return 0;
+  }
+  gs_jobs *J = d->jobs;
+  snprintf(J->store_error, sizeof J->store_error, "%s", e.msg);
+  if (!j->unsaved) {
+    j->unsaved = true;
+    J->unsaved++;
+    gs_error("job %" PRIu64 ": cannot save its state (%s): %s; clients are told the stored "
+             "state until it is written, tried again every second",
+             j->rec->id, gs_job_state_name(j->rec->state), e.msg);
+  }
   return rc;
+}
+
+uint64_t gs_jobs_save_pending(gs_daemon *d) {
+  gs_jobs *J = d->jobs;
+  for (uint64_t i = 0; J && J->unsaved && i < J->cap; i++)
+    if (J->by_id[i] && J->by_id[i]->unsaved) gs_job_persist(d, J->by_id[i]);
+  return J ? J->unsaved : 0;
+}
+
+Gpushare__V1__JobState gs_job_told_state(const gs_job *j) {
+  return j->state_unsaved ? j->saved.state : j->rec->state;
+}
+
+void gs_job_told(const gs_job *j, Gpushare__V1__Job *out) {
+  *out = *j->rec;
+  if (!j->state_unsaved) return;
+  const gs_job_saved *s = &j->saved;
+  out->state = s->state;
+  out->reason = s->reason;
+  out->has_started_unix = s->started_unix != 0;
+  out->started_unix = s->started_unix;
+  out->has_finished_unix = s->finished_unix != 0;
+  out->finished_unix = s->finished_unix;
 }
 
 void gs_job_log_event(gs_daemon *d, gs_job *j, const Gpushare__V1__JobEvent *ev) {
@@ -138,6 +204,9 @@ void gs_jobs_set_sink(gs_jobs *J, gs_job_sink fn, void *arg) {
 
 void gs_job_publish(gs_daemon *d, const gs_job *j, const Gpushare__V1__JobEvent *ev, bool final) {
   gs_jobs *J = d->jobs;
+  /* While a state change waits for the store, progress would speak of a
+   * state clients have not been told: it is dropped (the next comes). */
+  if (j->state_unsaved) return;
   if (J && J->sink) J->sink(J->sink_arg, j, ev, final);
 }
 
@@ -165,6 +234,18 @@ void gs_job_state_event(const gs_job *j, Gpushare__V1__JobEvent *ev, const char 
   ev->message = (char *)message;
 }
 
+/* Keep a state-change event until its record is on disk (job_saved). */
+static void hold_event(gs_job *j, const Gpushare__V1__JobEvent *ev, bool final) {
+  gs_job_held *p = realloc(j->held, (j->n_held + 1) * sizeof *p);
+  if (!p) return;
+  j->held = p;
+  size_t n = gpushare__v1__job_event__get_packed_size(ev);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return;
+  gpushare__v1__job_event__pack(ev, buf);
+  p[j->n_held++] = (gs_job_held){buf, n, final};
+}
+
 int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const char *reason) {
   Gpushare__V1__Job *r = j->rec;
   if (!gs_job_legal((int)r->state, (int)st)) {
@@ -172,6 +253,11 @@ int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const 
              gs_job_state_name(r->state), gs_job_state_name(st), gs_job_state_name(r->state));
     return -EINVAL;
   }
+  /* What the store holds now, and clients are told while the new record
+   * cannot be written. */
+  gs_job_saved told = {r->state, NULL, r->has_started_unix ? r->started_unix : 0,
+                       r->has_finished_unix ? r->finished_unix : 0};
+  if (!j->state_unsaved && r->reason) told.reason = strdup(r->reason);
   r->has_state = 1;
   r->state = st;
   int64_t now = (int64_t)(gs_job_now_ms() / 1000);
@@ -187,16 +273,27 @@ int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const 
     d->jobs->finished[st]++;
   }
   if (reason) gs_job_set_str(&r->reason, reason);
-  gs_job_persist(d, j);
+  int rc = gs_job_persist(d, j);
   char msg[1200];
   snprintf(msg, sizeof msg, "%s%s%s", gs_job_state_name(st), reason ? ": " : "",
            reason ? reason : "");
   Gpushare__V1__JobEvent ev;
   gs_job_state_event(j, &ev, msg);
-  gs_job_log_event(d, j, &ev);
-  gs_job_publish(d, j, &ev, gs_job_final(st));
-  gs_info("job %" PRIu64 " (%s/%s) %s", r->id, r->tenant, r->vdev ? r->vdev : "", msg);
-  return 0;
+  if (rc < 0) {
+    if (!j->state_unsaved) {
+      j->saved = told;
+      told.reason = NULL;
+      j->state_unsaved = true;
+    }
+    hold_event(j, &ev, gs_job_final(st));
+  } else {
+    gs_job_log_event(d, j, &ev);
+    gs_job_publish(d, j, &ev, gs_job_final(st));
+  }
+  gs_job_set_str(&told.reason, NULL);
+  gs_info("job %" PRIu64 " (%s/%s) %s%s", r->id, r->tenant, r->vdev ? r->vdev : "", msg,
+          rc < 0 ? " (not on disk yet)" : "");
+  return rc;
 }
 
 void gs_job_append_epoch(gs_job *j, const Gpushare__V1__EpochMetrics *m) {
@@ -298,6 +395,9 @@ void gs_jobs_free(gs_daemon *d) {
     gs_job *j = J->by_id[i];
     if (!j) continue;
     gpushare__v1__job__free_unpacked(j->rec, NULL);
+    for (size_t k = 0; k < j->n_held; k++) free(j->held[k].ev);
+    free(j->held);
+    free(j->saved.reason);
     free(j);
   }
   free(J->by_id);

@@ -8,7 +8,11 @@
  * refuses the moves the state machine does not have, writes the record to
  * the store, appends the event to the job's log, and then tells whoever
  * listens (the event sink: the watch streams of rpc_jobs.c) — in that
- * order, so nobody hears of a state the store does not hold.
+ * order, so nobody hears of a state the store does not hold. When the
+ * store cannot take the record (disk full, I/O error), the daemon acts on
+ * the new state, clients are told the stored one (gs_job_told), the event
+ * is held, and gs_jobs_save_pending writes the record again each second
+ * until it is stored and the held events go out.
  *
  *   QUEUED  -> RUNNING | CANCELLED
  *   RUNNING -> SUCCEEDED | FAILED | CANCELLED
@@ -29,14 +33,39 @@
 #include "control/daemon.h"
 #include "proto/gpushare.pb-c.h"
 
+/* A job's state as the store holds it, kept while the record in memory
+ * has moved past it and could not be written yet (disk full, I/O error):
+ * clients are told this one until the newer record is on disk. */
+typedef struct gs_job_saved {
+  Gpushare__V1__JobState state;
+  char *reason;            /* owned */
+  int64_t started_unix;    /* 0: not started */
+  int64_t finished_unix;   /* 0: not finished */
+} gs_job_saved;
+
+/* An event of a state change held back until the record that has that
+ * state is on disk (packed JobEvent). */
+typedef struct gs_job_held {
+  uint8_t *ev;
+  size_t len;
+  bool final;
+} gs_job_held;
+
 typedef struct gs_job {
-  Gpushare__V1__Job *rec;  /* owned; what the store holds, packed */
+  Gpushare__V1__Job *rec;  /* owned; what the daemon acts on: the store holds it
+                            * packed, or will once `unsaved` clears */
   uint32_t crashes;        /* executor deaths while placed */
   int placed;              /* device index it runs on, -1 when not on an executor */
   bool resume_pending;     /* RUNNING, waiting to be (re)started on its executor */
   bool cancel_requested;
   double device_seconds;
   uint64_t epoch_saved_ms; /* loop time the last epoch end was stored and logged */
+  bool unsaved;            /* rec is newer than the store's copy: written again
+                            * by gs_jobs_save_pending until it is */
+  bool state_unsaved;      /* and its state differs from `saved`'s */
+  gs_job_saved saved;      /* valid while state_unsaved */
+  gs_job_held *held;       /* state-change events waiting for the store */
+  size_t n_held;
 } gs_job;
 
 /* Told of every event of every job, after it is stored; `final` when the
@@ -49,6 +78,8 @@ struct gs_jobs {
   uint64_t cap;
   uint64_t submitted;      /* since start */
   uint64_t finished[5];    /* since start, by final state */
+  uint64_t unsaved;        /* jobs whose record the store does not hold yet */
+  char store_error[256];   /* why the last write failed */
   gs_job_sink sink;        /* NULL: nobody listens */
   void *sink_arg;
 };
@@ -71,10 +102,23 @@ bool gs_job_legal(int from, int to);
 
 /* Change state (refused, logged, when not legal), persist, log the event
  * and tell the sink; a final state ends the job's streams. 0, or -EINVAL
- * when the move is not legal, or the store's error. */
+ * when the move is not legal, or the store's negative errno when the
+ * record could not be written: the daemon then acts on the new state, but
+ * clients are told the stored one (gs_job_told_state) and hear the event
+ * only once gs_jobs_save_pending has written it. */
 int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const char *reason);
-/* Write the record to the store (0, or a negative errno, logged). */
+/* Write the record to the store (0, or a negative errno, logged; the job
+ * is then unsaved and written again by gs_jobs_save_pending). */
 int gs_job_persist(gs_daemon *d, gs_job *j);
+/* Write every unsaved job again; those written release their held events,
+ * in order. Called once a second by main.c, and before exit. Returns how
+ * many jobs are still unsaved. */
+uint64_t gs_jobs_save_pending(gs_daemon *d);
+/* The state clients are told: the store's, while a newer one is unsaved. */
+Gpushare__V1__JobState gs_job_told_state(const gs_job *j);
+/* The record as clients are to see it: *out is a shallow copy of j->rec
+ * with the stored state, reason and times while a state change is unsaved. */
+void gs_job_told(const gs_job *j, Gpushare__V1__Job *out);
 /* An event describing the job as it stands (state, step, last metrics);
  * message is borrowed. */
 void gs_job_state_event(const gs_job *j, Gpushare__V1__JobEvent *ev, const char *message);

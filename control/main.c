@@ -185,6 +185,10 @@ static void signals_start(gs_daemon *d) {
   }
 }
 
+/* Once a second: write again the job records the store refused (disk
+ * full, I/O error), so their held events go out once it takes them. */
+static void on_save_timer(uv_timer_t *t) { gs_jobs_save_pending(t->data); }
+
 /* Detach; the parent waits for a byte on `ready` (or its closing) and exits
  * with 0 once the child listens, 1 when it failed to start. */
 static int daemonize(const char *state_dir, int *ready_fd) {
@@ -325,7 +329,8 @@ int main(int argc, char **argv) {
 
   int rc = 1;
   uint64_t watchdog_usec = watchdog_take();
-  uv_timer_t watchdog;
+  uv_timer_t watchdog, save_timer;
+  bool save_timer_on = false;
   uv_loop_t loop;
   uv_loop_init(&loop);
   d.loop = &loop;
@@ -374,6 +379,11 @@ int main(int argc, char **argv) {
     ready_fd = -1;
   }
   if (watchdog_usec) watchdog_start(&loop, &watchdog, watchdog_usec);
+  uv_timer_init(&loop, &save_timer);
+  save_timer.data = &d;
+  uv_timer_start(&save_timer, on_save_timer, 1000, 1000);
+  uv_unref((uv_handle_t *)&save_timer);
+  save_timer_on = true;
   uv_run(&loop, UV_RUN_DEFAULT);
   if (watchdog_usec) uv_close((uv_handle_t *)&watchdog, NULL);
   gs_server_free(srv);
@@ -385,6 +395,13 @@ out:
     gs_exec_events_shutdown(&d);
     uv_run(&loop, UV_RUN_DEFAULT);
   }
+  if (save_timer_on) uv_close((uv_handle_t *)&save_timer, NULL);
+  uint64_t unsaved = gs_jobs_save_pending(&d);
+  if (unsaved)
+    gs_error("%" PRIu64 " job%s' latest state could not be written to the store (%s); at the "
+             "next start %s from the state the store holds, which is what clients were told",
+             unsaved, unsaved == 1 ? "" : "s", d.jobs->store_error,
+             unsaved == 1 ? "it goes on" : "they go on");
   gs_exec_events_free(&d);
   gs_rpc_free(&d);
   gs_jobs_free(&d);

@@ -126,15 +126,19 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
     for (int s = 0; s < 5; s++) {
       uint64_t n = 0;
       for (uint64_t x = 0; J && x < J->cap; x++)
-        n += J->by_id[x] && (int)J->by_id[x]->rec->state == s && !strcmp(J->by_id[x]->rec->tenant, tenants[i].name);
+        n += J->by_id[x] && (int)gs_job_told_state(J->by_id[x]) == s && !strcmp(J->by_id[x]->rec->tenant, tenants[i].name);
       tprintf(&t, "gpushare_tenant_jobs{tenant=\"%s\",state=\"%s\"} %" PRIu64 "\n", tenants[i].name, gs_job_state_name(s), n);
     }
   metric(&t, "jobs", "gauge", "Jobs by state.");
   for (int s = 0; s < 5; s++) {
     uint64_t n = 0;
-    for (uint64_t x = 0; J && x < J->cap; x++) n += J->by_id[x] && (int)J->by_id[x]->rec->state == s;
+    for (uint64_t x = 0; J && x < J->cap; x++) n += J->by_id[x] && (int)gs_job_told_state(J->by_id[x]) == s;
     tprintf(&t, "gpushare_jobs{state=\"%s\"} %" PRIu64 "\n", gs_job_state_name(s), n);
   }
+  metric(&t, "jobs_unsaved", "gauge",
+         "Jobs whose latest record the store could not take yet (disk full, I/O error); "
+         "written again every second.");
+  tprintf(&t, "gpushare_jobs_unsaved %" PRIu64 "\n", J ? J->unsaved : 0);
   metric(&t, "job_step", "gauge", "Optimizer steps done by the job.");
   for (uint64_t x = 0; J && x < J->cap; x++) {
     gs_job *j = J->by_id[x];

@@ -154,7 +154,7 @@ int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 static Gpushare__V1__Job *job_view(gs_call_arena *a, const gs_job *j, bool with_spec) {
   Gpushare__V1__Job *copy = GS_CALL_MSG(a, Gpushare__V1__Job, GPUSHARE__V1__JOB__INIT);
   if (!copy) return NULL;
-  *copy = *j->rec; /* shallow: packed before the job changes */
+  gs_job_told(j, copy); /* shallow: packed before the job changes */
   if (!with_spec) copy->spec = NULL;
   copy->timeline = NULL;
   return copy;
@@ -341,11 +341,15 @@ int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                         c->req_id, x->job);
   Gpushare__V1__JobEvent ev;
   char msg[1200];
-  /* The same words a live watcher got when the job ended. */
-  snprintf(msg, sizeof msg, "%s%s%s", gs_job_state_name(j->rec->state), j->rec->reason ? ": " : "",
-           j->rec->reason ? j->rec->reason : "");
-  gs_job_state_event(j, &ev, gs_job_final(j->rec->state) ? msg : NULL);
-  if (gs_job_final(j->rec->state)) {
+  /* The same words a live watcher got when the job ended; the state the
+   * store holds (a newer one comes as an event once it is written). */
+  Gpushare__V1__Job told;
+  gs_job_told(j, &told);
+  snprintf(msg, sizeof msg, "%s%s%s", gs_job_state_name(told.state), told.reason ? ": " : "",
+           told.reason ? told.reason : "");
+  gs_job_state_event(j, &ev, gs_job_final(told.state) ? msg : NULL);
+  ev.state = told.state;
+  if (gs_job_final(told.state)) {
     send_watch(c->conn, c->req_id, &ev, true);
     c->deferred = true;
     return 0;
@@ -368,16 +372,28 @@ int gs_rpc_watch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
+/* A change the daemon has made but the store does not hold yet. */
+static int store_behind(gs_err *e, const gs_job *j, const char *what, const char *why) {
+  return gs_err_set(e, GS_UNAVAILABLE, "id",
+                    "job %" PRIu64 " %s, but the store cannot be written now (%s): gpushared "
+                    "writes it again every second, and until then the job shows %s",
+                    j->rec->id, what, why, gs_job_state_name(gs_job_told_state(j)));
+}
+
 int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j = NULL;
   if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return gs_err_rc(e);
   gs_daemon *d = c->d;
-  if (gs_job_final(j->rec->state))
+  if (gs_job_final(gs_job_told_state(j)))
     return gs_err_set(e, GS_FAILED_PRECONDITION, "id", "job %" PRIu64 " has already ended (%s)",
                       j->rec->id, gs_job_state_name(j->rec->state));
+  if (gs_job_final(j->rec->state))
+    return store_behind(e, j, "has ended", d->jobs->store_error);
   char who[96];
   snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
   gs_exec_events_cancel(d, j, who);
+  /* A cancel answered is a cancel kept: not before it is on disk. */
+  if (j->unsaved) return store_behind(e, j, "is being cancelled", d->jobs->store_error);
   Gpushare__V1__CancelResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__CancelResponse, GPUSHARE__V1__CANCEL_RESPONSE__INIT);
   if (!m || !(m->job = job_view(&c->ar, j, false))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -434,11 +450,11 @@ int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   gs_job *j = NULL;
   if (visible_job(c, r->id, r->has_id, &j, e) < 0) return gs_err_rc(e);
   bool ckpt = r->has_checkpoint && r->checkpoint;
-  if (!ckpt && j->rec->state != GPUSHARE__V1__JOB_STATE__SUCCEEDED)
+  if (!ckpt && gs_job_told_state(j) != GPUSHARE__V1__JOB_STATE__SUCCEEDED)
     return gs_err_set(e, GS_FAILED_PRECONDITION, "id",
                       "job %" PRIu64 " is %s: trained weights exist once it has SUCCEEDED "
                       "(--checkpoint fetches its last checkpoint)",
-                      j->rec->id, gs_job_state_name(j->rec->state));
+                      j->rec->id, gs_job_state_name(gs_job_told_state(j)));
   char path[PATH_MAX];
   gs_job_file(c->d, j->rec->id, ckpt ? "checkpoint.ckpt" : "model.safetensors", path, sizeof path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -14,15 +14,15 @@
 # the Release and clang passes leave it out (GS_CUDA=OFF), and the
 # integration tests of the operating system's side (the Debian package,
 # systemd, socket activation, limits and floods, protocol garbage, executor
-# crashes) and the two that measure (PyTorch parity, compute shares): what
-# they check does not change with the compiler, and the first two passes
-# run them.
+# crashes, a full disk) and the two that measure (PyTorch parity, compute
+# shares): what they check does not change with the compiler, and the first
+# two passes run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-SAME='integration_test_(torch_parity|shares|package|systemd|socket_activation|limits|garbage|executor_crash)'
+SAME='integration_test_(torch_parity|shares|package|systemd|socket_activation|limits|garbage|executor_crash|diskfull)'
 
 echo "== build (gcc, RelWithDebInfo)"
 # python3-torch: the peer test_torch_parity trains the examples against
