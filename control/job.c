@@ -10,6 +10,7 @@
  */
 #include "control/job.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -339,6 +340,32 @@ uint64_t gs_jobs_using_blob(gs_daemon *d, const char *sha256) {
   return 0;
 }
 
+/* Every jobs/ID directory keeps its id: a store restored from an older
+ * backup would otherwise hand a later job's id, and its checkpoints, to a
+ * new job. Directories no stored job owns are kept and reported. */
+static int job_dirs_reserved(gs_daemon *d, const char *dir, gs_err *e) {
+  DIR *dp = opendir(dir);
+  if (!dp) return 0;
+  uint64_t top = 0, orphans = 0, first = 0;
+  struct dirent *de;
+  while ((de = readdir(dp))) {
+    char *end;
+    errno = 0;
+    unsigned long long id = strtoull(de->d_name, &end, 10);
+    if (errno || *end || end == de->d_name || de->d_name[0] == '0') continue;
+    if (id > top) top = id;
+    if (!gs_job_get(d, id)) {
+      if (!orphans++ || id < first) first = id;
+    }
+  }
+  closedir(dp);
+  if (orphans)
+    gs_warn("%" PRIu64 " director%s under %s belong%s to no job in the store (the lowest: %" PRIu64
+            "), as after restoring an older backup; kept, and no new job takes their ids",
+            orphans, orphans == 1 ? "y" : "ies", dir, orphans == 1 ? "s" : "", first);
+  return top ? gs_store_job_ids_above(d->store, top, e) : 0;
+}
+
 int gs_jobs_load(gs_daemon *d, gs_err *e) {
   gs_jobs *J = calloc(1, sizeof *J);
   if (!J) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -385,7 +412,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
   }
   gs_store_job_rows_free(rows, n);
   if (n) gs_info("%zu jobs in the store: %u to resume, %u queued", n, resumed, queued);
-  return 0;
+  return job_dirs_reserved(d, dir, e);
 }
 
 void gs_jobs_free(gs_daemon *d) {

@@ -19,6 +19,7 @@
  */
 #include "control/store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -341,6 +342,8 @@ static int lock_dir(gs_store *s, const char *dir, gs_err *e) {
   return 0;
 }
 
+static int refuse_lost_db(const char *state_dir, const char *path, gs_err *e);
+
 int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
   *out = NULL;
   if (mkdir(state_dir, 0700) < 0 && errno != EEXIST)
@@ -355,7 +358,7 @@ int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
     free(s);
     return gs_err_set(e, GS_INVALID_ARGUMENT, "state_dir", "state directory path too long");
   }
-  if (lock_dir(s, state_dir, e) < 0) goto fail;
+  if (lock_dir(s, state_dir, e) < 0 || refuse_lost_db(state_dir, s->path, e) < 0) goto fail;
   /* The database and the WAL and shared-memory files SQLite makes beside it
    * (with the database's mode) are the daemon's alone. */
   int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -374,6 +377,8 @@ int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
     goto fail;
   }
   sqlite3_busy_timeout(s->db, 5000);
+  /* Checked before anything writes to it. */
+  if (gs_store_check(s, e) < 0) goto fail;
   if (exec(s, "PRAGMA journal_mode = WAL", e) < 0 ||
       exec(s, "PRAGMA synchronous = FULL", e) < 0 ||
       exec(s, "PRAGMA foreign_keys = ON", e) < 0 || migrate(s, e) < 0)
@@ -395,15 +400,98 @@ void gs_store_close(gs_store *s) {
 
 int gs_store_schema_version(gs_store *s) { return user_version(s); }
 
+/* The store is damaged: what SQLite found, and what an operator does. */
+static int refuse_damaged(gs_store *s, const char *found, gs_err *e) {
+  return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
+                    "%s is damaged (%s); gpushared does not serve a damaged store. Restore it "
+                    "from a backup (see Backup in the operations guide), removing any "
+                    "gpushared.db-wal and gpushared.db-shm beside it, or move the state "
+                    "directory's content aside to start empty",
+                    s->path, found);
+}
+
 int gs_store_check(gs_store *s, gs_err *e) {
+  /* integrity_check reads every page and index; past GS_STORE_FULL_CHECK_MAX
+   * bytes quick_check (pages and structure, not index contents) keeps the
+   * start short. */
+  struct stat st;
+  bool full = stat(s->path, &st) < 0 || (uint64_t)st.st_size <= GS_STORE_FULL_CHECK_MAX;
+  const char *pragma = full ? "PRAGMA integrity_check(5)" : "PRAGMA quick_check(5)";
   sqlite3_stmt *q = NULL;
-  int ok = 0;
-  if (sqlite3_prepare_v2(s->db, "PRAGMA integrity_check", -1, &q, NULL) != SQLITE_OK)
-    return db_fail(s, e, "integrity_check");
-  if (sqlite3_step(q) == SQLITE_ROW)
-    ok = strcmp((const char *)sqlite3_column_text(q, 0), "ok") == 0;
+  if (sqlite3_prepare_v2(s->db, pragma, -1, &q, NULL) != SQLITE_OK) {
+    int code = sqlite3_errcode(s->db);
+    if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB) {
+      char found[300];
+      snprintf(found, sizeof found, "%s", sqlite3_errmsg(s->db));
+      return refuse_damaged(s, found, e);
+    }
+    return db_fail(s, e, pragma + 7);
+  }
+  char found[600] = "";
+  size_t o = 0;
+  int rc, rows = 0;
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const char *t = (const char *)sqlite3_column_text(q, 0);
+    if (rows++ == 0 && t && !strcmp(t, "ok")) continue;
+    if (o < sizeof found - 1)
+      o += (size_t)snprintf(found + o, sizeof found - o, "%s%s", o ? "; " : "", t ? t : "?");
+  }
+  int code = sqlite3_errcode(s->db);
   sqlite3_finalize(q);
-  return ok ? 0 : gs_err_set(e, GS_INTERNAL, "", "store: integrity_check failed on %s", s->path);
+  for (char *c = found; *c; c++)
+    if (*c == '\n' || *c == '\t') *c = ' '; /* one line in the log */
+  if (rc != SQLITE_DONE) {
+    if (o == 0) snprintf(found, sizeof found, "%s", sqlite3_errstr(code));
+    return refuse_damaged(s, found, e);
+  }
+  if (o) {
+    char why[700];
+    snprintf(why, sizeof why, "%s says: %s", full ? "integrity_check" : "quick_check", found);
+    return refuse_damaged(s, why, e);
+  }
+  return 0;
+}
+
+/* An entry of dir other than . and .. (the directory missing: none). */
+static long dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  long n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+/* A missing or empty database beside jobs and datasets of an earlier one
+ * would start an empty store and orphan them. */
+static int refuse_lost_db(const char *state_dir, const char *path, gs_err *e) {
+  struct stat st;
+  bool missing = stat(path, &st) < 0;
+  if (!missing && st.st_size > 0) return 0;
+  char jobs[PATH_MAX], datasets[PATH_MAX];
+  snprintf(jobs, sizeof jobs, "%s/jobs", state_dir);
+  snprintf(datasets, sizeof datasets, "%s/datasets", state_dir);
+  long nj = dir_entries(jobs), nd = dir_entries(datasets);
+  if (!nj && !nd) return 0;
+  return gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir",
+                    "%s is %s, but %s holds %ld job director%s and %ld dataset file%s of an "
+                    "earlier store; starting would leave them orphaned. Restore gpushared.db "
+                    "from a backup (see Backup in the operations guide), or, to start empty, "
+                    "move jobs/ and datasets/ out of the state directory first",
+                    path, missing ? "missing" : "empty (0 bytes)", state_dir, nj,
+                    nj == 1 ? "y" : "ies", nd, nd == 1 ? "" : "s");
+}
+
+int gs_store_job_ids_above(gs_store *s, uint64_t id, gs_err *e) {
+  char sql[200];
+  snprintf(sql, sizeof sql,
+           "UPDATE sqlite_sequence SET seq = %" PRIu64 " WHERE name = 'jobs' AND seq < %" PRIu64
+           "; INSERT INTO sqlite_sequence(name, seq) SELECT 'jobs', %" PRIu64
+           " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'jobs')",
+           id, id, id);
+  return exec(s, sql, e);
 }
 
 /* Print a name for a message: printable ASCII as is, anything else as \xNN,

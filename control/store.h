@@ -79,12 +79,23 @@ typedef struct gs_store gs_store;
  * users is made private (0700) when it is ours and refused when it is
  * not, the database is created 0600, and STATE/gpushared.lock is held
  * (flock) until gs_store_close, so a second daemon (or store) on the same
- * directory is refused with FAILED_PRECONDITION naming the holder's pid. */
+ * directory is refused with FAILED_PRECONDITION naming the holder's pid.
+ * A damaged database (gs_store_check) is refused before anything writes to
+ * it, and so is a missing or empty one beside jobs/ or datasets/ entries
+ * of an earlier store, each naming the file and what to do. */
 int gs_store_open(const char *state_dir, gs_store **out, gs_err *e);
 void gs_store_close(gs_store *s);
 int gs_store_schema_version(gs_store *s);
-/* PRAGMA integrity_check == "ok". */
+/* A database up to this size gets SQLite's integrity_check at open; a
+ * larger one the quicker quick_check. */
+#define GS_STORE_FULL_CHECK_MAX (256ull << 20)
+/* The database passes SQLite's check (run by gs_store_open before anything
+ * writes): 0, or GS_FAILED_PRECONDITION naming the file, what
+ * SQLite found, and what to do (restore from a backup). */
 int gs_store_check(gs_store *s, gs_err *e);
+/* The next job id is above `id` (a jobs/ID directory an earlier store
+ * left, e.g. after an older backup was restored): ids never reuse one. */
+int gs_store_job_ids_above(gs_store *s, uint64_t id, gs_err *e);
 
 /* Names: 1..63 of [A-Za-z0-9._-], starting with a letter or digit. `what`
  * is the field path used in the error ("name", "tenant"). */

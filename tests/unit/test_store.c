@@ -341,3 +341,85 @@ Test(store, jobs_in_one_transaction) {
   cr_assert_eq(gs_store_vdev_delete(s, "v", &e), 0, "%s", e.msg);
   cr_assert_eq(gs_store_tenant_delete(s, "a", &e), 0, "ended jobs go with their tenant: %s", e.msg);
 }
+
+/* Reopen the store of `dir` after do_what to its files; the error, if any. */
+static int reopen(gs_err *e2) {
+  gs_store_close(s);
+  s = NULL;
+  gs_err_clear(e2);
+  return gs_store_open(dir, &s, e2);
+}
+
+Test(store, damaged_database_is_refused) {
+  mk_tenant("a", 0, 0, 1);
+  for (int i = 0; i < 200; i++) {
+    char n[32];
+    snprintf(n, sizeof n, "t%d", i);
+    mk_tenant(n, 0, 0, (uint32_t)(100 + i));
+  }
+  gs_store_close(s);
+  s = NULL;
+  /* Checkpoint the WAL into the file, then overwrite its middle pages. */
+  char path[128], cmd[256];
+  snprintf(path, sizeof path, "%s/gpushared.db", dir);
+  sqlite3 *db;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  struct stat st;
+  cr_assert_eq(stat(path, &st), 0);
+  cr_assert_gt(st.st_size, 4 * 4096, "a database of %lld bytes", (long long)st.st_size);
+  FILE *f = fopen(path, "r+");
+  cr_assert_not_null(f);
+  cr_assert_eq(fseek(f, 4096 + 100, SEEK_SET), 0);
+  for (int i = 0; i < 3000; i++) fputc(0xA5, f);
+  fclose(f);
+  gs_err e2;
+  cr_assert_lt(reopen(&e2), 0, "a damaged database opened");
+  cr_assert_null(s);
+  cr_assert_eq(e2.code, GS_FAILED_PRECONDITION);
+  cr_assert(strstr(e2.msg, path) && strstr(e2.msg, "damaged") && strstr(e2.msg, "backup"), "%s",
+            e2.msg);
+  /* Put back a fresh store for the teardown. */
+  snprintf(cmd, sizeof cmd, "rm -f %s %s-wal %s-shm", path, path, path);
+  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(reopen(&e2), 0, "%s", e2.msg);
+}
+
+Test(store, lost_database_beside_jobs_is_refused) {
+  char path[128], jobs[128], job[140];
+  snprintf(path, sizeof path, "%s/gpushared.db", dir);
+  snprintf(jobs, sizeof jobs, "%s/jobs", dir);
+  snprintf(job, sizeof job, "%s/7", jobs);
+  cr_assert_eq(mkdir(jobs, 0700), 0);
+  cr_assert_eq(mkdir(job, 0700), 0);
+  gs_err e2;
+  gs_store_close(s);
+  s = NULL;
+  cr_assert_eq(truncate(path, 0), 0);
+  cr_assert_lt(reopen(&e2), 0, "an emptied database beside jobs/ opened");
+  cr_assert(strstr(e2.msg, "empty (0 bytes)") && strstr(e2.msg, "1 job directory") &&
+            strstr(e2.msg, "backup"), "%s", e2.msg);
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_lt(reopen(&e2), 0, "a missing database beside jobs/ opened");
+  cr_assert(strstr(e2.msg, "missing"), "%s", e2.msg);
+  /* jobs/ empty (a fresh directory): a new store starts. */
+  cr_assert_eq(rmdir(job), 0);
+  cr_assert_eq(reopen(&e2), 0, "%s", e2.msg);
+}
+
+Test(store, job_ids_skip_reserved_directories) {
+  mk_tenant("a", 0, 0, 1);
+  gs_job_row j = {.state = 0};
+  strcpy(j.tenant, "a");
+  strcpy(j.vdev, "v");
+  uint64_t id = 0;
+  cr_assert_eq(gs_store_job_insert(s, &j, &id, &e), 0, "%s", e.msg);
+  cr_assert_eq(id, 1);
+  cr_assert_eq(gs_store_job_ids_above(s, 41, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_job_insert(s, &j, &id, &e), 0, "%s", e.msg);
+  cr_assert_eq(id, 42);
+  cr_assert_eq(gs_store_job_ids_above(s, 10, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_store_job_insert(s, &j, &id, &e), 0, "%s", e.msg);
+  cr_assert_eq(id, 43, "a lower mark never lowers the next id");
+}
