@@ -17,8 +17,9 @@
  *    the whole limit at once) and one fair-share slot (fairshare.h). A vdev
  *    that is no longer listed, or whose limit or policy changed, keeps its
  *    allocator until the last job in it has ended;
- *  - the jobs (StartJob): each on its own thread, which loads the datasets,
- *    creates the job with gs_train_create on the vdev's allocator and then
+ *  - the jobs (StartJob): each on its own thread, which takes its datasets
+ *    (one shared, read-only copy per distinct set in the executor, loaded
+ *    by the first job that needs it and freed with the last), creates the job with gs_train_create on the vdev's allocator and then
  *    drives it one optimizer step at a time, each step between
  *    gs_fairshare_acquire and gs_fairshare_release, so the device is shared
  *    by compute_share and a cancel (an atomic flag) acts before the next
@@ -522,6 +523,133 @@ static int load_idx(const void *user, const char *which, const gs_spec_dataset *
   return rc;
 }
 
+/* The datasets of running jobs, one copy per distinct set: a thousand jobs
+ * on one dataset hold it once. A set is known by everything its loading
+ * reads: the train and test descriptions, the model's input shape
+ * (synthetic images take it) and the blob paths StartJob gave. Training
+ * only reads a dataset, so jobs share it without a lock. */
+typedef struct shared_sets {
+  struct shared_sets *next;
+  uint8_t *key;
+  size_t key_len;
+  unsigned refs;
+  gs_dataset train, test;
+  bool has_test;
+} shared_sets;
+
+static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
+static shared_sets *sets_list;
+
+/* A set's key: length-prefixed pieces, compared byte for byte. */
+typedef struct set_key {
+  uint8_t *p;
+  size_t len, cap;
+  bool failed;
+} set_key;
+
+static void key_put(set_key *k, const void *v, size_t n) {
+  uint64_t len = n;
+  const void *parts[2] = {&len, v};
+  size_t sizes[2] = {sizeof len, n};
+  for (int i = 0; i < 2 && !k->failed; i++) {
+    if (k->len + sizes[i] > k->cap) {
+      size_t cap = (k->len + sizes[i]) * 2;
+      uint8_t *q = realloc(k->p, cap);
+      if (!q) {
+        k->failed = true;
+        return;
+      }
+      k->p = q;
+      k->cap = cap;
+    }
+    if (sizes[i]) memcpy(k->p + k->len, parts[i], sizes[i]);
+    k->len += sizes[i];
+  }
+}
+
+static void key_msg(set_key *k, const ProtobufCMessage *m) {
+  size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+  uint8_t *b = malloc(n ? n : 1);
+  if (!b) {
+    k->failed = true;
+    return;
+  }
+  if (n) protobuf_c_message_pack(m, b);
+  key_put(k, b, n);
+  free(b);
+}
+
+static void key_str(set_key *k, const char *v) { key_put(k, v ? v : "", v ? strlen(v) : 0); }
+
+/* The job's sets, shared: loaded here or taken from a running job. */
+static shared_sets *sets_take(const Gpushare__Exec__V1__StartJob *s, const gs_job_spec *spec,
+                              gs_err *e) {
+  const Gpushare__V1__JobSpec *js = s->spec;
+  set_key k = {0};
+  key_msg(&k, js->train ? &js->train->base : NULL);
+  key_msg(&k, js->test ? &js->test->base : NULL);
+  key_msg(&k, js->model && js->model->input ? &js->model->input->base : NULL);
+  key_str(&k, s->train_images);
+  key_str(&k, s->train_labels);
+  key_str(&k, s->test_images);
+  key_str(&k, s->test_labels);
+  shared_sets *n = k.failed ? NULL : calloc(1, sizeof *n);
+  if (!n) {
+    free(k.p);
+    gs_err_set(e, GS_INTERNAL, "", "out of host memory");
+    return NULL;
+  }
+  n->key = k.p;
+  n->key_len = k.len;
+  for (int pass = 0; pass < 2; pass++) {
+    /* First a running job's copy; after loading, again: another job may
+     * have loaded the same sets meanwhile, and one copy stays. */
+    pthread_mutex_lock(&sets_mu);
+    for (shared_sets *x = sets_list; x; x = x->next)
+      if (x->key_len == n->key_len && !memcmp(x->key, n->key, n->key_len)) {
+        x->refs++;
+        pthread_mutex_unlock(&sets_mu);
+        gs_dataset_free(&n->train);
+        gs_dataset_free(&n->test);
+        free(n->key);
+        free(n);
+        return x;
+      }
+    if (pass == 1) {
+      n->refs = 1;
+      n->next = sets_list;
+      sets_list = n;
+    }
+    pthread_mutex_unlock(&sets_mu);
+    if (pass == 1) return n;
+    /* Loaded outside the lock: other jobs go on starting meanwhile. */
+    if (gs_dataset_load_job(spec, load_idx, s, &n->train, &n->test, &n->has_test, e)) {
+      free(n->key);
+      free(n);
+      return NULL;
+    }
+  }
+  return NULL; /* not reached */
+}
+
+static void sets_drop(shared_sets *x) {
+  if (!x) return;
+  pthread_mutex_lock(&sets_mu);
+  bool last = --x->refs == 0;
+  if (last)
+    for (shared_sets **p = &sets_list; *p; p = &(*p)->next)
+      if (*p == x) {
+        *p = x->next;
+        break;
+      }
+  pthread_mutex_unlock(&sets_mu);
+  if (!last) return;
+  gs_dataset_free(&x->train);
+  gs_dataset_free(&x->test);
+  free(x->key);
+  free(x);
+}
+
 /* A job's event to the control plane, as Progress. */
 static void send_progress(const job *j, Gpushare__V1__JobEvent *ev) {
   Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
@@ -638,8 +766,7 @@ static void *job_main(void *arg) {
   vdev *v = j->v;
   gs_err e;
   gs_err_clear(&e);
-  gs_dataset train = {0}, test = {0};
-  bool has_test = false;
+  shared_sets *sets = NULL;
   gs_train *t = NULL;
   gs_train_failure fail;
   memset(&fail, 0, sizeof fail);
@@ -659,7 +786,7 @@ static void *job_main(void *arg) {
     err_text(&e, reason, sizeof reason);
     goto report;
   }
-  if (gs_dataset_load_job(&spec, load_idx, j->start, &train, &test, &has_test, &e)) {
+  if (!(sets = sets_take(j->start, &spec, &e))) {
     err_text(&e, reason, sizeof reason);
     goto report;
   }
@@ -696,8 +823,8 @@ static void *job_main(void *arg) {
   /* Alone in its vdev: the peak it reports is its own, not an earlier job's. */
   if (v->running == 1) gs_alloc_reset_peak(v->alloc);
   pthread_mutex_unlock(&X.lock);
-  if (gs_train_create(&spec, X.b, v->alloc, &train, has_test ? &test : NULL, &opt, &t, &fail,
-                      &e)) {
+  if (gs_train_create(&spec, X.b, v->alloc, &sets->train, sets->has_test ? &sets->test : NULL,
+                      &opt, &t, &fail, &e)) {
     err_text(&e, reason, sizeof reason);
     if (fail.oom && oom_report(&spec, &fail, v, &oom)) oom = NULL;
     goto report;
@@ -779,8 +906,7 @@ report:
   }
   /* Every byte goes back to the vdev before the control plane hears of the end. */
   gs_train_destroy(t);
-  gs_dataset_free(&train);
-  gs_dataset_free(&test);
+  sets_drop(sets);
 
   Gpushare__Exec__V1__Finished f = GPUSHARE__EXEC__V1__FINISHED__INIT;
   f.has_job_id = true;
