@@ -52,9 +52,10 @@ int gs_wire_feed(gs_wire_decoder *d, const uint8_t *data, size_t len,
 int gs_wire_frame(const ProtobufCMessage *msg, uint8_t **out, size_t *out_len);
 
 /* Unpack a frame body with checks; on failure NULL and e set
- * (GS_INVALID_ARGUMENT, field "frame", a message that says what was wrong,
- * e.g. "frame of 12 bytes is not a gpushare.v1.Request: field 1 has wire type
- * 7 at byte 0"). Free with gpushare__v1__request__free_unpacked(r, NULL). */
+ * (GS_INVALID_ARGUMENT, a message that says what was wrong, e.g. "frame of 12
+ * bytes is not a gpushare.v1.Request: field 1 has wire type 7 at byte 0").
+ * e->field is "frame" for a malformed frame, or the path of the string field
+ * that is not UTF-8 text or holds a NUL ("create_tenant.name"). Free with gpushare__v1__request__free_unpacked(r, NULL). */
 Gpushare__V1__Request *gs_wire_unpack_request(const uint8_t *body, size_t len, gs_err *e);
 Gpushare__V1__Response *gs_wire_unpack_response(const uint8_t *body, size_t len, gs_err *e);
 

@@ -14,8 +14,9 @@
  * deferred one: there is no connection to stream on), the answer unpacks
  * as a gpushare.v1.Response echoing the request id, and a refusal has a
  * message. Also:
- *  - gs_wire_unpack_request's refusal always carries a message with field
- *    "frame"; the same bytes also go through gs_wire_unpack_response (what
+ *  - gs_wire_unpack_request's refusal always carries a message and a field:
+ *    "frame", or the path of a string that is not UTF-8 text (inside the
+ *    request's call, and the message starts with it); the same bytes also go through gs_wire_unpack_response (what
  *    gpuctl runs on replies);
  *  - a pack/unpack round trip of the request: what the daemon unpacked packs
  *    (gs_wire_frame) and unpacks again to the same bytes.
@@ -176,7 +177,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   bool has_id = false;
   uint64_t id = 0;
   if (!rq) {
-    if (e.code != GS_INVALID_ARGUMENT || strcmp(e.field, "frame") != 0 || !e.msg[0]) abort();
+    if (e.code != GS_INVALID_ARGUMENT || !e.field[0] || !e.msg[0]) abort();
+    if (strcmp(e.field, "frame") != 0 &&
+        (!strchr(e.field, '.') || strncmp(e.msg, e.field, strlen(e.field)) != 0))
+      abort(); /* a string's path is inside a call, and its refusal starts with it */
   } else {
     has_id = rq->has_id;
     id = rq->id;
