@@ -397,6 +397,7 @@ int gpuctl_cmd_submit(gpuctl_cli *x, gpuctl_parsed *p) {
       if (j->name && *j->name) printf(" (%s)", j->name);
       printf(": vdev %s, %s", j->vdev ? j->vdev : "?", table_state_name(j->state));
       if (j->planned_peak_bytes) printf(", planned peak %s", table_fsize(j->planned_peak_bytes));
+      if (j->data_bytes) printf(", data %s", table_fsize(j->data_bytes));
       if (j->micro_batch) printf(", micro-batch %" PRIu32 " x %" PRIu32, j->micro_batch, j->accumulation_steps);
       printf("\n");
     }
@@ -439,6 +440,7 @@ static void job_show(const Gpushare__V1__Job *j) {
            j->accumulation_steps);
   if (j->spec) printf("precision:    %s\n", table_precision_name(j->spec->precision));
   if (j->planned_peak_bytes) printf("planned peak: %s\n", table_fsize(j->planned_peak_bytes));
+  if (j->data_bytes) printf("data:         %s on the host, charged to the vdev\n", table_fsize(j->data_bytes));
   if (j->restarts) printf("restarts:     %" PRIu32 " (executor deaths it lived through)\n", j->restarts);
   if (j->n_epoch) {
     printf("\n");

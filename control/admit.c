@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/size.h"
 #include "control/datasets.h"
 #include "kernels/backend.h"
 #include "present/present.h"
@@ -50,9 +51,18 @@ static int idx_probe(const char *path, gs_idx_kind kind, const char *what, const
   return rc;
 }
 
-/* Validate the datasets of a spec against its model (input shape, classes). */
+/* Host bytes a loaded set of n examples holds (runtime/data.h's
+ * gs_dataset: a byte per pixel, an int32 label), saturating. */
+static uint64_t set_bytes(uint64_t n, uint64_t image) {
+  uint64_t each = image + sizeof(int32_t);
+  return n > UINT64_MAX / each ? UINT64_MAX : n * each;
+}
+
+/* Validate the datasets of a spec against its model (input shape, classes);
+ * *data_bytes is what the loaded sets hold on the host. */
 static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
-                          const gs_model *m, gs_err *e) {
+                          const gs_model *m, uint64_t *data_bytes, gs_err *e) {
+  *data_bytes = 0;
   if (!spec->train || spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.train",
                       "the job has no training dataset: set train { idx { images labels } }, "
@@ -104,6 +114,7 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
         return gs_err_rc(e);
       }
       if (k == 0) train_examples = sy->examples;
+      *data_bytes += set_bytes(sy->examples, image);
       continue;
     }
     char ip[PATH_MAX], lp[PATH_MAX];
@@ -128,6 +139,7 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
       return gs_err_rc(e);
     }
     if (k == 0) train_examples = ni;
+    *data_bytes += set_bytes(ni, (uint64_t)h * w * c);
   }
   /* One step is one whole effective batch; the last partial one is dropped. */
   uint64_t eff = (uint64_t)m->recipe.batch_size * m->recipe.accumulation_steps;
@@ -174,12 +186,25 @@ static Gpushare__V1__Plan *plan_msg(gs_call_arena *a, const gs_plan *p, uint64_t
 
 /* ------------------------------------------------------------- entries --- */
 
-int gs_admit_plan(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
-                  Gpushare__V1__Plan **out, gs_err *e) {
-  uint64_t limit = 0;
+/* What the data leaves of v's limit for the plan: on the cpu device the
+ * data is vdev memory; on a GPU it has a host budget of its own. 0 when
+ * the data alone does not fit. */
+static uint64_t plan_limit(const gs_vdev *v, uint64_t data_bytes) {
+  if (data_bytes >= v->memory_limit) return 0;
+  return gs_device_data_in_memory(v->device) ? v->memory_limit - data_bytes : v->memory_limit;
+}
+
+int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *spec,
+                  const gs_vdev *vdev, Gpushare__V1__Plan **out, gs_err *e) {
+  uint64_t limit = 0, data_bytes = 0;
   gs_alloc_policy policy = GS_POLICY_GROWTH; /* no vdev, no limit: it fits */
   if (vdev) {
-    limit = vdev->memory_limit;
+    /* The datasets as submit would read them; a spec whose datasets do
+     * not check is still planned (submit names what is wrong). */
+    gs_err quiet;
+    gs_err_clear(&quiet);
+    if (gs_admit_check(d, vdev->tenant, spec, &data_bytes, &quiet) < 0) data_bytes = 0;
+    limit = plan_limit(vdev, data_bytes);
     policy = vdev_policy(vdev);
   }
   gs_job_spec js;
@@ -191,14 +216,42 @@ int gs_admit_plan(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_
     gs_err_prefix(e, "spec");
     return rc;
   }
-  *out = plan_msg(a, &p, limit, policy);
+  /* A limit of 0 is "no limit" to the planner: data that fills the vdev
+   * is judged here. */
+  *out = plan_msg(a, &p, vdev && !limit ? vdev->memory_limit : limit, policy);
   gs_plan_free(&p);
   if (!*out) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  if (vdev && !limit) (*out)->fits = (*out)->fits_growth = (*out)->fits_preallocate = false;
+  if (vdev && data_bytes) {
+    Gpushare__V1__Plan *m = *out;
+    m->has_data_bytes = true;
+    m->data_bytes = data_bytes;
+    char data[32], lim[32], left[32], line[512];
+    gs_size_format(data_bytes, data, sizeof data);
+    gs_size_format(vdev->memory_limit, lim, sizeof lim);
+    gs_size_format(limit, left, sizeof left);
+    if (!limit)
+      snprintf(line, sizeof line, "datasets: %s on the host, more than vdev %s's %s\n", data,
+               vdev->name, lim);
+    else if (gs_device_data_in_memory(vdev->device))
+      snprintf(line, sizeof line,
+               "datasets: %s on the host, vdev memory on the cpu device: the plan has %s of "
+               "vdev %s's %s\n",
+               data, left, vdev->name, lim);
+    else
+      snprintf(line, sizeof line, "datasets: %s on the host, within vdev %s's host budget of %s\n",
+               data, vdev->name, lim);
+    size_t n = strlen(m->summary ? m->summary : "") + strlen(line) + 1;
+    char *sum = gs_call_alloc(a, n);
+    if (!sum) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+    snprintf(sum, n, "%s%s", m->summary ? m->summary : "", line);
+    m->summary = sum;
+  }
   return 0;
 }
 
 int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
-                   gs_err *e) {
+                   uint64_t *data_bytes, gs_err *e) {
   gs_job_spec js;
   gs_model model;
   int rc = gs_spec_pb_job(spec, &js, e);
@@ -208,21 +261,37 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
     gs_err_prefix(e, "spec");
     return rc;
   }
-  rc = check_datasets(d, tenant, spec, &model, e);
+  rc = check_datasets(d, tenant, spec, &model, data_bytes, e);
   gs_model_free(&model);
   return rc;
 }
 
-int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
-                 gs_err *e) {
+int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
+                 uint64_t data_bytes, gs_admit *out, gs_err *e) {
   memset(out, 0, sizeof *out);
   gs_admission adm;
   bool auto_fit = spec->has_auto_fit && spec->auto_fit;
+  bool in_memory = gs_device_data_in_memory(v->device);
+  char data[32], lim[32];
+  gs_size_format(data_bytes, data, sizeof data);
+  gs_size_format(v->memory_limit, lim, sizeof lim);
+  if (data_bytes >= v->memory_limit) {
+    /* Nothing the planner can shrink: refused before planning. */
+    snprintf(out->why, sizeof out->why,
+             in_memory ? "its datasets hold %s on the host, which on the cpu device is vdev "
+                         "memory: vdev %s's limit is %s; train on fewer examples or use a "
+                         "larger vdev"
+                       : "its datasets hold %s on the host, more than vdev %s's limit of %s, "
+                         "which bounds the host bytes of its jobs' data too; train on fewer "
+                         "examples or use a larger vdev",
+             data, v->name, lim);
+    return 0;
+  }
+  uint64_t limit = plan_limit(v, data_bytes);
   gs_job_spec js;
   int rc = gs_spec_pb_job(spec, &js, e);
   if (!rc)
-    rc = gs_plan_admit_policy(&js, device_backend(), v->memory_limit, vdev_policy(v), auto_fit,
-                              &adm, e);
+    rc = gs_plan_admit_policy(&js, device_backend(), limit, vdev_policy(v), auto_fit, &adm, e);
   gs_spec_pb_job_free(&js);
   if (rc < 0) {
     gs_err_prefix(e, "spec");
@@ -233,8 +302,16 @@ int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_v
   out->micro_batch = adm.micro_batch;
   out->accumulation_steps = adm.accumulation_steps;
   out->peak_bytes = adm.plan.peak_bytes;
-  out->plan = plan_msg(a, &adm.plan, v->memory_limit, vdev_policy(v));
-  if (!adm.fits) snprintf(out->why, sizeof out->why, "%s", adm.why);
+  out->plan = plan_msg(a, &adm.plan, limit, vdev_policy(v));
+  if (!adm.fits && in_memory && data_bytes) {
+    char left[32];
+    snprintf(out->why, sizeof out->why,
+             "its datasets hold %s of vdev %s's %s (on the cpu device data is vdev memory), "
+             "leaving %s for the plan: %s",
+             data, v->name, lim, gs_size_format(limit, left, sizeof left), adm.why);
+  } else if (!adm.fits) {
+    snprintf(out->why, sizeof out->why, "%s", adm.why);
+  }
   gs_admission_free(&adm);
   return 0;
 }

@@ -27,17 +27,23 @@ typedef struct gs_admit {
 } gs_admit;
 
 /* The plan of spec as a message from the arena; fits judged for vdev's
- * limit and policy (vdev NULL: no limit). Errors name spec.* fields. */
-int gs_admit_plan(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *vdev,
-                  Gpushare__V1__Plan **out, gs_err *e);
+ * limit and policy (vdev NULL: no limit), with the host bytes of the
+ * datasets as submit charges them where they can be read (the vdev
+ * tenant's). Errors name spec.* fields. */
+int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *spec,
+                  const gs_vdev *vdev, Gpushare__V1__Plan **out, gs_err *e);
 /* Submit's checks: the model builds, the datasets exist (the tenant's),
- * match the model's input and classes, and hold one effective batch. */
+ * match the model's input and classes, and hold one effective batch.
+ * *data_bytes: the host bytes the datasets hold once loaded. */
 int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
-                   gs_err *e);
-/* Admission of spec in vdev v (auto_fit as the spec asks). 0 with out
- * filled (out->fits false: refused, out->why says why), or -1 with e. */
-int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v, gs_admit *out,
-                 gs_err *e);
+                   uint64_t *data_bytes, gs_err *e);
+/* Admission of spec in vdev v (auto_fit as the spec asks), with data_bytes
+ * of datasets on the host: on the cpu device they are vdev memory, so the
+ * plan must fit in what they leave of the limit; on a GPU they must fit a
+ * host budget the size of the limit. 0 with out filled (out->fits false:
+ * refused, out->why says why), or -1 with e. */
+int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
+                 uint64_t data_bytes, gs_admit *out, gs_err *e);
 /* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
  * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
 int gs_admit_idx_check(const char *path, const char *name, gs_err *e);

@@ -39,6 +39,10 @@ typedef struct gs_devices {
  * than the machine has. */
 int gs_devices_discover(const gs_config *c, gs_devices *out, gs_err *e);
 const gs_device *gs_devices_find(const gs_devices *d, const char *name);
+/* Is a vdev's memory on the device named `name` host memory (the cpu
+ * device), so that its jobs' dataset bytes count in the vdev's limit? On a
+ * GPU they are bounded apart, by a host budget of the same size. */
+bool gs_device_data_in_memory(const char *name);
 /* Add the GPUs that `EXE --list-devices` (gpushare-executor, which loads the
  * CUDA plugin; the control plane never does) reports, as gpu0, gpu1, ...
  * with usable = total - gpu_reserve. Returns how many were added; with none,

@@ -140,7 +140,8 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
     quotas[i] = (gs_sched_quota){tenants[i].name, tenants[i].quota.max_running};
   for (size_t v = 0; v < nv; v++) {
     size_t dev;
-    sv[v] = (gs_sched_vdev){vdevs[v].name, vdevs[v].memory_limit, vdev_ready(d, &vdevs[v], &dev)};
+    sv[v] = (gs_sched_vdev){vdevs[v].name, vdevs[v].memory_limit, vdev_ready(d, &vdevs[v], &dev),
+                            gs_device_data_in_memory(vdevs[v].device)};
   }
   for (uint64_t i = 0; i < J->cap; i++) {
     gs_job *j = J->by_id[i];
@@ -155,7 +156,9 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
                                                                    : GS_SCHED_QUEUED,
         .priority = j->rec->priority,
         .submitted = j->rec->submitted_unix,
-        .planned_peak = j->rec->planned_peak_bytes};
+        .planned_peak = j->rec->planned_peak_bytes,
+        .data_bytes = j->rec->data_bytes,
+        .data_key = j->data_key};
   }
   gs_sched_input in = {jobs, nj, sv, nv, quotas, nt};
   if (gs_sched_run(&in, out, &n_out, &e) < 0) {

@@ -79,8 +79,30 @@ gs_job *gs_job_get(gs_daemon *d, uint64_t id) {
   return J && id < J->cap ? J->by_id[id] : NULL;
 }
 
+/* FNV-1a over a message's packed bytes and their length. */
+static uint64_t hash_msg(uint64_t h, const ProtobufCMessage *m) {
+  uint8_t small[256], *b = small;
+  size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+  if (n > sizeof small && !(b = malloc(n))) return h ^ n;
+  if (n) protobuf_c_message_pack(m, b);
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  for (int i = 0; i < 8; i++) h = (h ^ ((n >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  if (b != small) free(b);
+  return h;
+}
+
+/* What the executor loads a job's datasets from, as a key: jobs of one
+ * key share one copy (the scheduler charges it once per vdev). */
+static uint64_t data_key_of(const Gpushare__V1__JobSpec *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = hash_msg(h, s && s->train ? &s->train->base : NULL);
+  h = hash_msg(h, s && s->test ? &s->test->base : NULL);
+  return hash_msg(h, s && s->model && s->model->input ? &s->model->input->base : NULL);
+}
+
 static int job_put(gs_daemon *d, gs_job *j) {
   gs_jobs *J = d->jobs;
+  j->data_key = data_key_of(j->rec->spec);
   uint64_t id = j->rec->id;
   if (id >= J->cap) {
     uint64_t cap = J->cap ? J->cap : 64;

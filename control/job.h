@@ -66,6 +66,8 @@ typedef struct gs_job {
   gs_job_saved saved;      /* valid while state_unsaved */
   gs_job_held *held;       /* state-change events waiting for the store */
   size_t n_held;
+  uint64_t data_key;       /* hash of what its datasets are loaded from (train, test,
+                            * model input): one key, one copy in the executor */
 } gs_job;
 
 /* Told of every event of every job, after it is stored; `final` when the

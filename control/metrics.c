@@ -49,6 +49,19 @@ static void metric(text *t, const char *name, const char *type, const char *help
   tprintf(t, "# HELP gpushare_%s %s\n# TYPE gpushare_%s %s\n", name, help, name, type);
 }
 
+/* A gauge of bytes per job that has not ended: its planned peak, or its
+ * datasets' host bytes. */
+static void job_bytes(text *t, const gs_jobs *J, const char *name, const char *help, bool data) {
+  metric(t, name, "gauge", help);
+  for (uint64_t x = 0; J && x < J->cap; x++) {
+    const gs_job *j = J->by_id[x];
+    if (j && !gs_job_final(j->rec->state))
+      tprintf(t, "gpushare_%s{job=\"%" PRIu64 "\",tenant=\"%s\",vdev=\"%s\"} %" PRIu64 "\n", name,
+              j->rec->id, j->rec->tenant, j->rec->vdev,
+              data ? j->rec->data_bytes : j->rec->planned_peak_bytes);
+  }
+}
+
 int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
   *out = NULL;
   const gs_jobs *J = d->jobs;
@@ -146,13 +159,8 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       tprintf(&t, "gpushare_job_step{job=\"%" PRIu64 "\",tenant=\"%s\",vdev=\"%s\"} %" PRIu64 "\n", j->rec->id,
               j->rec->tenant, j->rec->vdev, j->rec->step);
   }
-  metric(&t, "job_planned_peak_bytes", "gauge", "Planned peak memory of the job.");
-  for (uint64_t x = 0; J && x < J->cap; x++) {
-    gs_job *j = J->by_id[x];
-    if (j && !gs_job_final(j->rec->state))
-      tprintf(&t, "gpushare_job_planned_peak_bytes{job=\"%" PRIu64 "\",tenant=\"%s\",vdev=\"%s\"} %" PRIu64 "\n",
-              j->rec->id, j->rec->tenant, j->rec->vdev, j->rec->planned_peak_bytes);
-  }
+  job_bytes(&t, J, "job_planned_peak_bytes", "Planned peak memory of the job.", false);
+  job_bytes(&t, J, "job_data_bytes", "Host bytes of the job's datasets, charged to its vdev.", true);
   metric(&t, "requests_total", "counter", "Requests served on the control socket since start.");
   tprintf(&t, "gpushare_requests_total %" PRIu64 "\n", d->requests);
   free(vdevs);

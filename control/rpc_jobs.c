@@ -145,7 +145,7 @@ int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   Gpushare__V1__PlanResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
-  if (gs_admit_plan(&c->ar, r->spec, has_vdev ? &v : NULL, &m->plan, e) < 0) return gs_err_rc(e);
+  if (gs_admit_plan(c->d, &c->ar, r->spec, has_vdev ? &v : NULL, &m->plan, e) < 0) return gs_err_rc(e);
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT;
   c->resp->plan_result = m;
   return 0;
@@ -179,7 +179,8 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                         "job name has control character 0x%02x at byte %zu; a name is printable "
                         "text",
                         *p, (size_t)(p - (const unsigned char *)spec->name) + 1);
-  if (gs_admit_check(d, tenant, spec, e) < 0) return gs_err_rc(e);
+  uint64_t data_bytes = 0;
+  if (gs_admit_check(d, tenant, spec, &data_bytes, e) < 0) return gs_err_rc(e);
 
   gs_tenant t;
   if (gs_store_tenant_get(d->store, tenant, &t, e) < 0) return gs_err_rc(e);
@@ -193,7 +194,7 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       tenant, queued, queued == 1 ? "" : "s");
 
   gs_admit adm;
-  if (gs_admit_job(&c->ar, spec, &v, &adm, e) < 0) return gs_err_rc(e);
+  if (gs_admit_job(&c->ar, spec, &v, data_bytes, &adm, e) < 0) return gs_err_rc(e);
   if (!adm.fits) {
     c->resp->plan = adm.plan;
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "spec.batch_size", "%s", adm.why);
@@ -212,6 +213,8 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   rec.micro_batch = adm.micro_batch;
   rec.accumulation_steps = adm.accumulation_steps;
   rec.planned_peak_bytes = adm.peak_bytes;
+  rec.has_data_bytes = 1;
+  rec.data_bytes = data_bytes;
   rec.priority = spec->has_priority ? spec->priority : 0;
   rec.spec = (Gpushare__V1__JobSpec *)spec;
   gs_job_row row = {.state = rec.state, .priority = rec.priority,
@@ -241,10 +244,11 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
     if (owned) gpushare__v1__job__free_unpacked(owned, NULL);
     return gs_err_set(e, GS_INTERNAL, "", "job %" PRIu64 " is stored but gpushared ran out of memory", id);
   }
-  char peak[32];
-  gs_info("job %" PRIu64 " submitted by uid %" PRIu32 " to %s/%s: planned peak %s, micro-batch %" PRIu32
-          " x %" PRIu32 "%s",
+  char peak[32], data[32];
+  gs_info("job %" PRIu64 " submitted by uid %" PRIu32 " to %s/%s: planned peak %s, data %s, "
+          "micro-batch %" PRIu32 " x %" PRIu32 "%s",
           id, c->peer->uid, tenant, v.name, gs_size_format(adm.peak_bytes, peak, sizeof peak),
+          gs_size_format(data_bytes, data, sizeof data),
           adm.micro_batch, adm.accumulation_steps, adm.chosen ? " (auto-fit)" : "");
   Gpushare__V1__JobEvent ev;
   char msg[256];

@@ -2,7 +2,7 @@
  * sched.c: the scheduler as a pure function (see sched.h).
  *
  * For each vdev, in the order given: the bytes its RUNNING jobs hold are
- * summed, its QUEUED jobs sorted (priority, then submit time, then id) and
+ * summed (planned peaks; dataset bytes once per data key), its QUEUED jobs sorted (priority, then submit time, then id) and
  * walked until the first that cannot start; that one waits with its reason
  * and every one after it waits behind it. Running counts per tenant are
  * kept across vdevs, so a job started in one vdev counts against
@@ -48,14 +48,52 @@ static uint32_t running_of(const gs_sched_input *in, const gs_sched_decision *ou
   return r;
 }
 
+/* The data keys a vdev's jobs hold, each counted once. */
+typedef struct held_data {
+  uint64_t *keys;
+  size_t n;
+  uint64_t bytes;
+} held_data;
+
+static bool data_held(const held_data *h, uint64_t key) {
+  for (size_t i = 0; i < h->n; i++)
+    if (h->keys[i] == key) return true;
+  return false;
+}
+
+/* Bytes j's data adds to the vdev: none when a job of its key is there. */
+static uint64_t data_adds(const held_data *h, const gs_sched_job *j) {
+  return !j->data_bytes || data_held(h, j->data_key) ? 0 : j->data_bytes;
+}
+
+static void data_hold(held_data *h, const gs_sched_job *j) {
+  uint64_t add = data_adds(h, j);
+  if (!add) return;
+  h->keys[h->n++] = j->data_key; /* room for every job of the input */
+  h->bytes = add > UINT64_MAX - h->bytes ? UINT64_MAX : h->bytes + add;
+}
+
+/* Does j fit beside what the vdev's jobs hold (used: planned peaks)? */
+static bool fits(const gs_sched_vdev *vd, uint64_t used, const held_data *h, const gs_sched_job *j) {
+  uint64_t limit = vd->memory_limit, data = h->bytes, add = data_adds(h, j);
+  if (used > limit || j->planned_peak > limit - used) return false;
+  if (vd->data_in_memory) {
+    uint64_t left = limit - used - j->planned_peak;
+    return data <= left && add <= left - data;
+  }
+  return data <= limit && add <= limit - data;
+}
+
 int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out, gs_err *e) {
   *n_out = 0;
   if (!in->n_jobs) return 0;
   const gs_sched_job **q = malloc(in->n_jobs * sizeof *q);
   gs_sched_decision *wait = malloc(in->n_jobs * sizeof *wait);
-  if (!q || !wait) {
+  held_data h = {.keys = malloc(in->n_jobs * sizeof *h.keys)};
+  if (!q || !wait || !h.keys) {
     free(q);
     free(wait);
+    free(h.keys);
     return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   }
   size_t n_start = 0, n_wait = 0;
@@ -64,11 +102,17 @@ int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out
     if (vdev_of(in, vd->name) != vd) continue; /* a name given twice: the first counts */
     uint64_t used = 0;
     size_t nq = 0;
+    h.n = 0;
+    h.bytes = 0;
     for (size_t i = 0; i < in->n_jobs; i++) {
       const gs_sched_job *j = &in->jobs[i];
       if (strcmp(j->vdev, vd->name) != 0) continue;
-      if (j->state == GS_SCHED_RUNNING) used += j->planned_peak;
-      else q[nq++] = j;
+      if (j->state == GS_SCHED_RUNNING) {
+        used = j->planned_peak > UINT64_MAX - used ? UINT64_MAX : used + j->planned_peak;
+        data_hold(&h, j);
+      } else {
+        q[nq++] = j;
+      }
     }
     qsort(q, nq, sizeof *q, cmp_queue);
     gs_sched_reason blocked = vd->ready ? GS_SCHED_START : GS_SCHED_WAIT_EXECUTOR;
@@ -77,14 +121,15 @@ int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out
       gs_sched_reason why = blocked;
       if (why == GS_SCHED_START) {
         const gs_sched_quota *qt = quota_of(in, j->tenant);
-        if (used + j->planned_peak > vd->memory_limit) why = GS_SCHED_WAIT_MEMORY;
+        if (!fits(vd, used, &h, j)) why = GS_SCHED_WAIT_MEMORY;
         else if (!qt) why = GS_SCHED_WAIT_NO_TENANT;
         else if (qt->max_running && running_of(in, out, n_start, j->tenant) >= qt->max_running)
           why = GS_SCHED_WAIT_MAX_RUNNING;
       }
       if (why == GS_SCHED_START) {
         out[n_start++] = (gs_sched_decision){j->id, vd->name, GS_SCHED_START};
-        used += j->planned_peak;
+        used += j->planned_peak; /* fits() held: no overflow */
+        data_hold(&h, j);
         continue;
       }
       wait[n_wait++] = (gs_sched_decision){j->id, vd->name, why};
@@ -100,6 +145,7 @@ int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out
   *n_out = n_start + n_wait;
   free(q);
   free(wait);
+  free(h.keys);
   return 0;
 }
 
@@ -107,7 +153,8 @@ const char *gs_sched_reason_text(gs_sched_reason why) {
   switch (why) {
   case GS_SCHED_START: return "starts";
   case GS_SCHED_WAIT_MEMORY:
-    return "waits for memory: its planned peak does not fit beside the vdev's running jobs";
+    return "waits for memory: its planned peak and data do not fit beside the vdev's running "
+           "jobs";
   case GS_SCHED_WAIT_MAX_RUNNING: return "waits: its tenant runs max_running jobs";
   case GS_SCHED_WAIT_BEHIND: return "waits behind a job ahead of it in the vdev's queue";
   case GS_SCHED_WAIT_EXECUTOR: return "waits for its device's executor";

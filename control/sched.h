@@ -2,19 +2,26 @@
  * sched.h: the scheduler, a pure function.
  *
  * In: the jobs that are QUEUED or RUNNING (vdev, tenant, priority, age,
- * planned peak), the vdevs (memory limit, and whether their device's
- * executor is up to take a job), the tenants' quotas (max_running). Out:
+ * planned peak, the host bytes of their datasets), the vdevs (memory limit,
+ * whether their device's executor is up to take a job, whether their
+ * memory is host memory), the tenants' quotas (max_running). Out:
  * for each queued job, whether it starts now or why it waits. No store, no
  * loop, no I/O: exec_events.c gathers the inputs, calls gs_sched_run and
  * starts what it says.
  *
  * The rule: each vdev's queue runs by priority (higher first), then submit
- * time, then id. Its jobs start while the planned peaks of the jobs
- * running in the vdev plus the next one's fit the vdev's memory limit and
- * the tenant is under max_running (counted over all its vdevs, the jobs
+ * time, then id. Its jobs start while what the vdev's running jobs hold
+ * plus what the next one adds fits the vdev's memory limit, and the tenant
+ * is under max_running (counted over all its vdevs, the jobs
  * started in this same run included). The first job of a queue that must
  * wait blocks the ones behind it, so a large job is never starved by
  * smaller later ones. Vdevs are taken in the order given.
+ *
+ * What a vdev's jobs hold: their planned peaks, and their datasets' host
+ * bytes, counted once per data key (jobs of a vdev that train on the same
+ * datasets share one copy in the executor). On the cpu device both are
+ * host memory and share the memory limit; on a GPU the peaks go against
+ * the limit and the host data against a bound of the same size.
  */
 #ifndef GS_SCHED_H
 #define GS_SCHED_H
@@ -35,12 +42,15 @@ typedef struct gs_sched_job {
   int32_t priority;        /* higher runs first */
   int64_t submitted;       /* unix seconds; earlier runs first at equal priority */
   uint64_t planned_peak;   /* bytes the job holds in its vdev */
+  uint64_t data_bytes;     /* host bytes of its datasets, once loaded */
+  uint64_t data_key;       /* jobs with one key in one vdev hold one copy */
 } gs_sched_job;
 
 typedef struct gs_sched_vdev {
   const char *name;
   uint64_t memory_limit;
   bool ready;              /* its device's executor is up and can take a job */
+  bool data_in_memory;     /* host data counts in memory_limit (the cpu device) */
 } gs_sched_vdev;
 
 typedef struct gs_sched_quota {
@@ -50,7 +60,7 @@ typedef struct gs_sched_quota {
 
 typedef enum gs_sched_reason {
   GS_SCHED_START,          /* starts now */
-  GS_SCHED_WAIT_MEMORY,    /* its peak does not fit beside the vdev's running jobs */
+  GS_SCHED_WAIT_MEMORY,    /* its peak (and data) do not fit beside the vdev's running jobs */
   GS_SCHED_WAIT_MAX_RUNNING, /* its tenant runs max_running jobs */
   GS_SCHED_WAIT_BEHIND,    /* a job ahead of it in the vdev's queue waits */
   GS_SCHED_WAIT_EXECUTOR,  /* the vdev's device has no executor up */

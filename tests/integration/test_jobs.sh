@@ -87,8 +87,10 @@ mb=$(json_field "['job']['micro_batch']" <"$T/big.json"); acc=$(json_field "['jo
 [ "$mb" -lt 1024 ] && [ $((mb * acc)) = 1024 ] && pass "auto_fit chose micro-batch $mb x $acc (effective 1024)" || fail "auto_fit: $mb x $acc"
 
 # --- admission by the vdev's policy: a job that fits a preallocate vdev of
-# exactly its planned peak, but not a growth vdev of that size, whose regions
-# (2 MiB, then 4 MiB, then the rest) hold no block for its 4.5 MiB workspace.
+# exactly its planned peak plus its data (on the cpu device the dataset's
+# host bytes are vdev memory), but not a growth vdev of that size, whose
+# regions (2 MiB, then 4 MiB, then the rest) hold no block for its 4.5 MiB
+# workspace.
 # (a0 leaves compute share 10 of the cpu device for these two vdevs.)
 conv32() { job "$1" "name: \"$1\" vdev: \"$2\"
 model { input { height: 16 width: 16 channels: 1 }
@@ -98,11 +100,22 @@ model { input { height: 16 width: 16 channels: 1 }
 train { synthetic { examples: 512 seed: 3 classes: 4 } }
 batch_size: 32 accumulation_steps: 2 max_steps: 3 seed: 1
 optimizer { adam { learning_rate: 0.001 } }"; }
-conv32 probe32 b0; conv32 pre32 b1; conv32 grow32 b2
+conv32 probe32 b0; conv32 pre32 b1; conv32 grow32 b2; conv32 small32 bsmall
 peak=$(B --json plan "$T/probe32.pb" | json_field "['plan']['peak_bytes']")
-expect_ok "vdev b1: preallocate, exactly the job's planned peak ($peak bytes)" \
-  ctl vdev create b1 --memory "$peak" --compute 5 --policy preallocate --tenant b
-expect_ok "vdev b2: growth, the same size" ctl vdev create b2 --memory "$peak" --compute 5 --policy growth --tenant b
+data=$(B --json plan "$T/probe32.pb" --vdev b0 | json_field "['plan']['data_bytes']")
+[ "$data" = $((512 * (16 * 16 + 4))) ] &&
+  pass "plan --vdev: the dataset holds $data bytes on the host (512 x (256 pixels + a label))" ||
+  fail "plan data_bytes: $data"
+expect_ok "vdev bsmall: preallocate, the planned peak alone" \
+  ctl vdev create bsmall --memory "$peak" --compute 5 --policy preallocate --tenant b
+expect_fail "refused there: the data is vdev memory on the cpu device" 1 RESOURCE_EXHAUSTED \
+  B submit "$T/small32.pb"
+[[ "$LAST_OUT" == *"datasets hold 130.00 KiB of vdev bsmall's"*"(on the cpu device data is vdev memory)"* ]] &&
+  pass "the refusal names the data and the vdev" || fail "data refusal: $LAST_OUT"
+expect_ok "vdev bsmall deleted" ctl vdev delete bsmall
+expect_ok "vdev b1: preallocate, exactly the job's planned peak plus its data ($peak + $data bytes)" \
+  ctl vdev create b1 --memory $((peak + data)) --compute 5 --policy preallocate --tenant b
+expect_ok "vdev b2: growth, the same size" ctl vdev create b2 --memory $((peak + data)) --compute 5 --policy growth --tenant b
 [ "$(B --json plan "$T/pre32.pb" --vdev b1 | json_field "['plan']['fits']")" = True ] &&
   pass "gpuctl plan --vdev b1: fits the preallocate vdev" || fail "plan --vdev b1: $(B --json plan "$T/pre32.pb" --vdev b1 | head -c 300)"
 [ "$(B --json plan "$T/grow32.pb" --vdev b2 | json_field "['plan']['fits']")" = False ] &&

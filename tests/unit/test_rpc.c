@@ -260,7 +260,13 @@ Test(rpc, plan_and_submit_store_the_job_queued) {
   Gpushare__V1__Response *r = call(&alice, &rq);
   expect_ok(r);
   cr_assert(r->plan_result->plan->fits);
-  cr_assert_eq(r->plan_result->plan->limit_bytes, 256 * MiB);
+  /* 256 examples of 8x8x1 bytes and an int32 label, on the host: on the
+   * cpu device vdev memory, so the plan has what they leave. */
+  const uint64_t data = 256 * (8 * 8 + 4);
+  cr_assert_eq(r->plan_result->plan->data_bytes, data);
+  cr_assert_eq(r->plan_result->plan->limit_bytes, 256 * MiB - data);
+  cr_assert(strstr(r->plan_result->plan->summary, "datasets: 17.00 KiB on the host"), "%s",
+            r->plan_result->plan->summary);
   uint64_t peak = r->plan_result->plan->peak_bytes;
   cr_assert_gt(peak, 0);
   gpushare__v1__response__free_unpacked(r, NULL);
@@ -273,6 +279,7 @@ Test(rpc, plan_and_submit_store_the_job_queued) {
   cr_assert_str_eq(j->tenant, "alice");
   cr_assert_str_eq(j->vdev, "va", "the tenant's only vdev");
   cr_assert_eq(j->planned_peak_bytes, peak);
+  cr_assert_eq(j->data_bytes, data, "charged to the vdev with the peak");
   cr_assert_null(j->spec, "the answer leaves the spec out");
   cr_assert(r->submit->plan && r->submit->plan->fits);
   gpushare__v1__response__free_unpacked(r, NULL);

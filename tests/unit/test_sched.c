@@ -1,7 +1,8 @@
 /* test_sched.c: the scheduler as a pure function (control/sched.c): per-vdev
  * queues by priority then age, memory limits with the head of a queue
  * blocking the jobs behind it, max_running across vdevs, executors not
- * ready, vdevs and tenants gone, empty inputs. */
+ * ready, vdevs and tenants gone, empty inputs; host data charged once per
+ * key (in the limit on the cpu device, in a budget of its own on a GPU). */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -29,10 +30,10 @@ static gs_sched_reason why_of(uint64_t id) {
 }
 
 static gs_sched_job q(uint64_t id, const char *vdev, int32_t prio, int64_t at, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak, 0, 0};
 }
 static gs_sched_job r(uint64_t id, const char *vdev, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak, 0, 0};
 }
 
 static const gs_sched_quota alice = {"alice", 0};
@@ -40,7 +41,7 @@ static const gs_sched_quota alice = {"alice", 0};
 Test(sched, empty_inputs) {
   run(NULL, 0, NULL, 0, NULL, 0);
   cr_assert_eq(n_out, 0);
-  gs_sched_vdev v = {"v", 100 * MiB, true};
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
   run(NULL, 0, &v, 1, &alice, 1);
   cr_assert_eq(n_out, 0);
   /* Only running jobs: nothing to decide. */
@@ -50,7 +51,7 @@ Test(sched, empty_inputs) {
 }
 
 Test(sched, priority_then_age_then_id) {
-  gs_sched_vdev v = {"v", 100 * MiB, true};
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
   gs_sched_job jobs[] = {q(1, "v", 0, 100, MiB), q(2, "v", 5, 200, MiB), q(3, "v", 0, 50, MiB),
                          q(4, "v", 5, 200, MiB), q(5, "v", -1, 1, MiB)};
   run(jobs, 5, &v, 1, &alice, 1);
@@ -67,7 +68,7 @@ Test(sched, priority_then_age_then_id) {
 Test(sched, head_that_does_not_fit_blocks_smaller_later_ones) {
   /* 60 MiB run; the head (50) does not fit in the 40 left; a later 10 MiB
    * job would, but waits behind it: a large job is never starved. */
-  gs_sched_vdev v = {"v", 100 * MiB, true};
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
   gs_sched_job jobs[] = {r(1, "v", 60 * MiB), q(2, "v", 0, 10, 50 * MiB),
                          q(3, "v", 0, 20, 10 * MiB)};
   run(jobs, 3, &v, 1, &alice, 1);
@@ -78,7 +79,7 @@ Test(sched, head_that_does_not_fit_blocks_smaller_later_ones) {
 }
 
 Test(sched, fills_the_vdev_then_waits) {
-  gs_sched_vdev v = {"v", 100 * MiB, true};
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
   gs_sched_job jobs[] = {q(1, "v", 0, 1, 40 * MiB), q(2, "v", 0, 2, 40 * MiB),
                          q(3, "v", 0, 3, 40 * MiB), q(4, "v", 0, 4, 20 * MiB)};
   run(jobs, 4, &v, 1, &alice, 1);
@@ -93,7 +94,7 @@ Test(sched, fills_the_vdev_then_waits) {
 }
 
 Test(sched, max_running_counts_running_and_started_jobs) {
-  gs_sched_vdev v = {"v", 100 * MiB, true};
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
   gs_sched_quota two = {"alice", 2};
   gs_sched_job jobs[] = {r(1, "v", MiB), q(2, "v", 0, 1, MiB), q(3, "v", 0, 2, MiB)};
   run(jobs, 3, &v, 1, &two, 1);
@@ -106,13 +107,13 @@ Test(sched, max_running_counts_running_and_started_jobs) {
 }
 
 Test(sched, several_vdevs_in_order_max_running_across_them) {
-  gs_sched_vdev vs[] = {{"a", 100 * MiB, true}, {"b", 100 * MiB, true}, {"c", 10 * MiB, true}};
+  gs_sched_vdev vs[] = {{"a", 100 * MiB, true, true}, {"b", 100 * MiB, true, true}, {"c", 10 * MiB, true, true}};
   gs_sched_quota quotas[] = {{"alice", 1}, {"bob", 0}};
   gs_sched_job jobs[] = {
       q(1, "b", 9, 1, MiB),                                 /* alice, started first: b... */
       q(2, "a", 0, 1, MiB),                                 /* ...no: a comes first */
-      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB},     /* bob's: too big for c */
-      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB},
+      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB, 0, 0},     /* bob's: too big for c */
+      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB, 0, 0},
   };
   run(jobs, 4, vs, 3, quotas, 2);
   cr_assert_eq(n_out, 4);
@@ -129,9 +130,9 @@ Test(sched, several_vdevs_in_order_max_running_across_them) {
 }
 
 Test(sched, executor_not_ready_vdev_and_tenant_gone) {
-  gs_sched_vdev vs[] = {{"down", 100 * MiB, false}, {"up", 100 * MiB, true}};
+  gs_sched_vdev vs[] = {{"down", 100 * MiB, false, true}, {"up", 100 * MiB, true, true}};
   gs_sched_job jobs[] = {q(1, "down", 0, 1, MiB), q(2, "gone", 0, 1, MiB),
-                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB}, q(4, "up", 0, 2, MiB)};
+                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB, 0, 0}, q(4, "up", 0, 2, MiB)};
   run(jobs, 4, vs, 2, &alice, 1);
   cr_assert_eq(n_out, 4);
   cr_assert_eq(why_of(1), GS_SCHED_WAIT_EXECUTOR);
@@ -144,4 +145,70 @@ Test(sched, executor_not_ready_vdev_and_tenant_gone) {
   cr_assert_eq(out[0].job, 5);
   cr_assert_eq(out[0].why, GS_SCHED_START);
   cr_assert_eq(out[1].why, GS_SCHED_WAIT_EXECUTOR);
+}
+
+static gs_sched_job qd(uint64_t id, int64_t at, uint64_t peak, uint64_t data, uint64_t key) {
+  gs_sched_job j = q(id, "v", 0, at, peak);
+  j.data_bytes = data;
+  j.data_key = key;
+  return j;
+}
+
+Test(sched, host_data_counts_in_a_cpu_vdev_once_per_key) {
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
+  /* 10 MiB peaks with 30 MiB of data each, all different: two fit (80), a
+   * third would need 120. */
+  gs_sched_job jobs[] = {qd(1, 1, 10 * MiB, 30 * MiB, 1), qd(2, 2, 10 * MiB, 30 * MiB, 2),
+                         qd(3, 3, 10 * MiB, 30 * MiB, 3)};
+  run(jobs, 3, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(1), GS_SCHED_START);
+  cr_assert_eq(why_of(2), GS_SCHED_START);
+  cr_assert_eq(why_of(3), GS_SCHED_WAIT_MEMORY);
+  /* One key: its copy counts once, so seven fit (30 + 7 x 10 = 100). */
+  gs_sched_job same[8];
+  for (int i = 0; i < 8; i++) same[i] = qd((uint64_t)i + 1, i, 10 * MiB, 30 * MiB, 7);
+  run(same, 8, &v, 1, &alice, 1);
+  for (uint64_t id = 1; id <= 7; id++)
+    cr_assert_eq(why_of(id), GS_SCHED_START, "job %llu", (unsigned long long)id);
+  cr_assert_eq(why_of(8), GS_SCHED_WAIT_MEMORY);
+  /* A running job's copy is shared by a queued job of its key. */
+  gs_sched_job held[] = {qd(1, 1, 60 * MiB, 30 * MiB, 9), qd(2, 2, 10 * MiB, 30 * MiB, 9),
+                         qd(3, 3, 5 * MiB, 10 * MiB, 4)};
+  held[0].state = GS_SCHED_RUNNING;
+  run(held, 3, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(2), GS_SCHED_START);       /* 60 + 30 + 10 = 100 */
+  cr_assert_eq(why_of(3), GS_SCHED_WAIT_MEMORY); /* another key: 15 more */
+  /* Jobs without data (old records) count their peaks only. */
+  gs_sched_job plain[] = {qd(1, 1, 50 * MiB, 0, 0), qd(2, 2, 50 * MiB, 0, 0)};
+  run(plain, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(2), GS_SCHED_START);
+}
+
+Test(sched, host_data_on_a_gpu_vdev_has_a_budget_of_its_own) {
+  gs_sched_vdev v = {"v", 100 * MiB, true, false};
+  /* Peaks 40 + 40 fit the device; data 60 + 60 is over the host budget. */
+  gs_sched_job jobs[] = {qd(1, 1, 40 * MiB, 60 * MiB, 1), qd(2, 2, 40 * MiB, 60 * MiB, 2)};
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(1), GS_SCHED_START);
+  cr_assert_eq(why_of(2), GS_SCHED_WAIT_MEMORY);
+  /* One key: one copy, both start (peaks 80, data 60). */
+  jobs[1].data_key = 1;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(2), GS_SCHED_START);
+  /* The device's bytes still bound the peaks. */
+  gs_sched_job big[] = {qd(1, 1, 60 * MiB, MiB, 1), qd(2, 2, 60 * MiB, MiB, 1)};
+  run(big, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(2), GS_SCHED_WAIT_MEMORY);
+}
+
+Test(sched, sums_near_the_top_of_uint64_do_not_wrap) {
+  gs_sched_vdev v = {"v", UINT64_MAX - 1, true, true};
+  gs_sched_job jobs[] = {qd(1, 1, UINT64_MAX / 2, UINT64_MAX / 2, 1), qd(2, 2, 8, 8, 2)};
+  jobs[0].state = GS_SCHED_RUNNING;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(2), GS_SCHED_WAIT_MEMORY);
+  gs_sched_job over[] = {qd(1, 1, UINT64_MAX, 0, 0), qd(2, 2, UINT64_MAX, 0, 0), qd(3, 3, 1, 0, 0)};
+  over[0].state = over[1].state = GS_SCHED_RUNNING;
+  run(over, 3, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(3), GS_SCHED_WAIT_MEMORY);
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# A tenant floods its small vdev with a thousand jobs, each on a dataset of
+# its own; another tenant's job trains beside it. What must hold:
+#  - only the jobs whose planned peaks and data fit the vdev run; the rest
+#    wait QUEUED and count against max_queued (the submits past it are
+#    refused, naming the quota);
+#  - the executor's resident memory stays within the charged bytes of the
+#    vdevs (their limits) plus a stated margin for what is not a job's:
+#    the executor itself, and a thread's stack and bookkeeping per running
+#    job;
+#  - the other tenant's job keeps its compute share: its steps per second
+#    during the flood are at least a fifth of its rate alone (a half is its
+#    share; the rest is slack for a shared machine: the flood's thirty-odd
+#    job threads take turns on the cores beside it).
+set -u
+. "$(dirname "$0")/lib.sh"
+need_protoc
+start_daemon
+N=1000
+QUEUE=960
+expect_ok "tenant a" ctl tenant create a --uid 4001
+expect_ok "tenant b" ctl tenant create b --uid 4002
+expect_ok "a may queue $QUEUE jobs, run any number" ctl quota set a --max-queued $QUEUE
+expect_ok "vdev a0: 64 MiB, half the cpu" ctl vdev create a0 --memory 64MiB --compute 50 --tenant a
+expect_ok "vdev b0: 64 MiB, half the cpu" ctl vdev create b0 --memory 64MiB --compute 50 --tenant b
+LIMITS=$((128 * 1024))   # KiB charged at most: the two vdevs' limits
+
+# b's job: long, a step at a time.
+printf 'vdev: "b0" %s\n' "$LONG_JOB" |
+  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto >"$T/b.pb"
+# a's jobs: 2,000 examples of 28x28 (1.5 MiB on the host) each, one seed
+# each, so no two share a copy. Encoded once with seed 12345 (two varint
+# bytes, b9 60) and patched: seeds 10000-10999 are two varint bytes too.
+printf 'vdev: "a0" model { input { height: 28 width: 28 channels: 1 } layer { flatten {} } layer { dense { units: 8 } } layer { dense { units: 4 } } } train { synthetic { examples: 2000 seed: 12345 classes: 4 } } batch_size: 32 epochs: 10000\n' |
+  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto >"$T/a.pb"
+mkdir "$T/a"
+$PY - "$T/a.pb" "$T/a" "$N" <<'PY' || fail "could not write the job files"
+import sys
+tpl = open(sys.argv[1], "rb").read()
+seed = bytes([0xb9, 0x60])               # 12345
+assert tpl.count(seed) == 1, "the seed's bytes are not unique in the template"
+for i in range(int(sys.argv[3])):
+    s = 10000 + i
+    b = bytes([(s & 0x7f) | 0x80, s >> 7])
+    open(f"{sys.argv[2]}/{i:04d}.pb", "wb").write(tpl.replace(seed, b))
+PY
+chmod -R a+rX "$T/a" "$T/b.pb"
+
+EX=$(pgrep -f "gpushare-executor.*$STATE" | head -1)
+rss() { awk '/VmRSS/ { print $2 }' "/proc/$EX/status"; }
+step_of() { ctl --json status "$1" | json_field "['job'].get('step', 0)"; }
+# rate ID SECONDS: the job's steps per second over that many seconds.
+rate() { local s0 s1 t0 t1; s0=$(step_of "$1"); t0=$(date +%s.%N); sleep "$2"
+  s1=$(step_of "$1"); t1=$(date +%s.%N); $PY -c "print(($s1 - $s0) / ($t1 - $t0))"; }
+
+out=$(ctl_as 4002 65534 submit "$T/b.pb" 2>&1)
+[[ "$out" =~ ^job\ ([0-9]+)\ submitted ]] || { fail "b's submit: $out"; finish; exit 1; }
+B=${BASH_REMATCH[1]}
+wait_state "$B" RUNNING 30 >/dev/null || fail "b's job did not start"
+sleep 1
+alone=$(rate "$B" 4)
+base=$(rss)
+
+# The flood: a thousand submits, four at a time.
+t0=$(date +%s)
+ls "$T"/a/*.pb | xargs -P 4 -n 1 setpriv --reuid=4001 --regid=65534 --clear-groups \
+  "$GPUCTL" --socket "$SOCK" submit >"$T/submits" 2>&1
+took=$(($(date +%s) - t0))
+ok=$(grep -c '^job [0-9]* submitted' "$T/submits")
+refused=$(grep -c 'RESOURCE_EXHAUSTED.*max_queued' "$T/submits")
+other=$((N - ok - refused))
+echo "# $N submits in $took s: $ok accepted, $refused refused by max_queued, $other otherwise"
+[ "$other" = 0 ] || fail "submits that were neither accepted nor refused by max_queued: $(grep -v '^job [0-9]* submitted' "$T/submits" | grep -v max_queued | head -3)"
+ctl --json list --all >"$T/list.json"
+counts=$($PY - "$T/list.json" <<'PY'
+import json, sys
+jobs = [j for j in json.load(open(sys.argv[1]))["job"] if j["tenant"] == "a"]
+run = [j for j in jobs if j["state"] == "RUNNING"]
+held = sum(int(j["planned_peak_bytes"]) + int(j["data_bytes"]) for j in run)
+print(len(run), sum(j["state"] == "QUEUED" for j in jobs), held,
+      len([j for j in jobs if j["state"] not in ("RUNNING", "QUEUED")]))
+PY
+)
+read -r running queued held ended <<<"$counts"
+echo "# a: $running RUNNING holding $((held / 1024)) KiB, $queued QUEUED, $ended ended"
+[ "$running" -gt 1 ] && [ "$held" -le $((64 << 20)) ] &&
+  pass "a's running jobs ($running) hold $((held / 1024)) KiB of peaks and data, within its 64 MiB vdev" ||
+  fail "a runs $running jobs holding $held bytes in a 64 MiB vdev"
+[ "$queued" = "$QUEUE" ] && [ "$ended" = 0 ] && [ $((running + queued + refused)) = "$N" ] &&
+  pass "the rest wait QUEUED up to max_queued ($queued) and the $refused past it were refused" ||
+  fail "queued $queued (max_queued $QUEUE), running $running, refused $refused, ended $ended of $N"
+
+# Every running job past its first step: their sets are loaded.
+sleep 3
+during=$(rate "$B" 4)
+peak=0
+for _ in 1 2 3 4 5; do r=$(rss); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
+MARGIN=$((48 * 1024 + running * 256))   # KiB: the executor, and 256 KiB a running job
+[ "$peak" -le $((LIMITS + MARGIN)) ] &&
+  pass "executor RSS $((peak / 1024)) MiB (before the flood $((base / 1024)) MiB) is within the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB" ||
+  fail "executor RSS $((peak / 1024)) MiB is over the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB"
+$PY -c "import sys; sys.exit(0 if $during >= $alone / 5 else 1)" &&
+  pass "b's job ran $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone (its share is half)" ||
+  fail "b's job slowed from $alone steps/s alone to $during during the flood"
+
+stop_daemon
+finish
