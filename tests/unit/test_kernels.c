@@ -1248,8 +1248,12 @@ Test(kernels, pool_worker_leaves_its_posters_core) {
   cr_assert_eq(pthread_setaffinity_np(self, sizeof one, &one), 0);
   for (int trial = 0; trial < 3; trial++) {
     cr_assert_eq(pthread_setaffinity_np(worker, sizeof one, &one), 0);
-    struct timespec nap = {0, 5000000}; /* the worker spins 50 us, then sleeps */
-    nanosleep(&nap, NULL);
+    /* The worker spins 50 us, then sleeps: wait until it does (on a busy
+     * machine that takes more than any fixed nap), so the range below
+     * wakes it rather than finding it still spinning. */
+    struct timespec nap = {0, 1000000};
+    for (int ms = 0; atomic_load(&ex->sleepers) == 0 && ms < 5000; ms++) nanosleep(&nap, NULL);
+    cr_assert_gt(atomic_load(&ex->sleepers), 0, "trial %d: the worker never went to sleep", trial);
     struct where w = {{-1, -1}};
     gs_cpu_parallel(ex, 2, 1, record_cpu, &w);
     cr_expect_eq(w.cpu[0], here, "trial %d: the job's thread ran on CPU %d, pinned to %d", trial,
