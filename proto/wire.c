@@ -5,10 +5,20 @@
  * The incremental decoder is a two-state machine: collect 4 header bytes,
  * then collect `need` body bytes. The length is checked against the limit
  * the moment the fourth header byte arrives, so nothing is ever allocated
- * from an unchecked length; the body buffer is kept between frames and only
- * grows, so a steady stream of frames costs no allocation per frame. A frame
- * that arrives whole inside one feed is delivered straight from the caller's
- * bytes, without a copy.
+ * from an unchecked length. The body buffer grows with the bytes that have
+ * arrived, doubling from 64 KiB and never past the announced length, so a
+ * peer that announces 16 MiB and sends 10 bytes costs 64 KiB, and one that
+ * has sent n bytes of a frame costs under 2n + 64 KiB. A buffer of up to
+ * GS_WIRE_KEEP is kept between frames (a steady stream of small frames costs
+ * no allocation per frame); a larger one is released once its frame has
+ * been delivered, so a connection that sent one big frame does not hold its
+ * size for the rest of its life. A frame that arrives whole inside one feed
+ * is delivered straight from the caller's bytes, without a copy.
+ *
+ * Every change of the buffer's size goes through the optional grow hook
+ * first: the daemon counts the bytes all its connections hold in partly
+ * received frames there and refuses (or makes room for) a growth past its
+ * budget.
  *
  * protobuf_c_message_unpack says only "NULL" when it refuses a frame, and a
  * user staring at "bad frame" learns nothing. So before unpacking we walk the
@@ -38,10 +48,23 @@ void gs_wire_decoder_init(gs_wire_decoder *d, uint32_t max_frame) {
   d->max = max_frame;
 }
 
-void gs_wire_decoder_free(gs_wire_decoder *d) {
+void gs_wire_decoder_set_grow(gs_wire_decoder *d, gs_wire_grow_fn fn, void *u) {
+  d->grow = fn;
+  d->grow_u = u;
+}
+
+int gs_wire_decoder_idle(const gs_wire_decoder *d) { return d->hdr_len == 0; }
+
+/* Give the body buffer back (told to the grow hook first). */
+static void decoder_release(gs_wire_decoder *d) {
+  if (d->grow && d->body_cap) d->grow(d->grow_u, d->body_cap, 0);
   free(d->body);
   d->body = NULL;
   d->body_cap = 0;
+}
+
+void gs_wire_decoder_free(gs_wire_decoder *d) {
+  decoder_release(d);
   d->hdr_len = d->have = d->need = 0;
 }
 
@@ -52,18 +75,31 @@ static uint32_t be32(const uint8_t *p) {
 /* Make room in d->body for `upto` bytes of the current frame's body. The
  * buffer grows with what has arrived (doubling, from 64 KiB, never past the
  * announced length), so a peer that announces 16 MiB and sends 10 bytes
- * costs 64 KiB, not 16 MiB (fuzz_wire's finding). */
+ * costs 64 KiB, not 16 MiB (fuzz_wire's finding). The grow hook may refuse. */
 static int decoder_reserve(gs_wire_decoder *d, uint32_t upto) {
   if (upto <= d->body_cap && d->body) return 0;
-  uint32_t cap = d->body_cap ? d->body_cap : 65536;
+  uint32_t cap = d->body_cap ? d->body_cap : GS_WIRE_KEEP;
   while (cap < upto) cap = cap > UINT32_MAX / 2 ? UINT32_MAX : cap * 2;
   if (cap > d->need) cap = d->need ? d->need : 1;
   if (cap < upto) cap = upto;
+  if (d->grow && cap > d->body_cap) {
+    int rc = d->grow(d->grow_u, d->body_cap, cap);
+    if (rc) return rc;
+  }
   uint8_t *nb = realloc(d->body, cap);
-  if (!nb) return -ENOMEM;
+  if (!nb) {
+    if (d->grow && cap > d->body_cap) d->grow(d->grow_u, cap, d->body_cap);
+    return -ENOMEM;
+  }
   d->body = nb;
   d->body_cap = cap;
   return 0;
+}
+
+/* A frame has been delivered from d->body: a buffer past GS_WIRE_KEEP goes. */
+static void decoder_done(gs_wire_decoder *d) {
+  d->hdr_len = 0;
+  if (d->body_cap > GS_WIRE_KEEP) decoder_release(d);
 }
 
 int gs_wire_feed(gs_wire_decoder *d, const uint8_t *data, size_t len,
@@ -107,6 +143,7 @@ int gs_wire_feed(gs_wire_decoder *d, const uint8_t *data, size_t len,
     if (d->have < d->need) return 0;
     d->hdr_len = 0;
     int rc = on_frame(u, d->body, d->need);
+    decoder_done(d);
     if (rc) return rc;
   }
   return 0;

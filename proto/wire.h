@@ -6,8 +6,14 @@
  * whatever pieces the kernel hands it, so the decoder is incremental: it keeps
  * the header bytes seen so far and the body being filled, and delivers each
  * complete frame in order. A length over the limit is refused from the four
- * header bytes alone, before any allocation, so a peer cannot make the daemon
- * reserve memory it announces but never sends. Clients and tests, which may
+ * header bytes alone, before any allocation, and the body buffer grows with
+ * the bytes that arrive (doubling from 64 KiB, never past the announced
+ * length), so a peer cannot make the daemon reserve memory it announces but
+ * never sends: what a partly received frame holds is at most about twice
+ * what has arrived. A buffer over 64 KiB is released once its frame has been
+ * delivered. The caller may watch every change of the buffer's size, and
+ * refuse a growth, through a grow hook (the daemon's budget across
+ * connections). Clients and tests, which may
  * block, use gs_wire_write_all and gs_wire_read_frame instead.
  */
 #ifndef GS_WIRE_H
@@ -21,6 +27,14 @@
 
 #define GS_WIRE_MAX_FRAME (16u << 20) /* 16 MiB: body bytes of one frame */
 
+#define GS_WIRE_KEEP (64u << 10) /* a body buffer up to this size is kept between frames */
+
+/* Told before the body buffer changes size, from `from` to `to` bytes (to <
+ * from: shrunk or released, which cannot be refused). A growth goes ahead
+ * when it returns 0; a negative errno refuses it and gs_wire_feed returns
+ * that value, the buffer and the bytes received so far unchanged. */
+typedef int (*gs_wire_grow_fn)(void *u, uint32_t from, uint32_t to);
+
 typedef struct gs_wire_decoder {
   uint8_t hdr[4];   /* length prefix of the frame being read */
   uint32_t hdr_len; /* how many of hdr's bytes have arrived (0..4) */
@@ -30,10 +44,17 @@ typedef struct gs_wire_decoder {
   uint8_t *body;    /* buffer of body_cap bytes, reused across frames */
   uint32_t body_cap;
   int failed;       /* set after -EMSGSIZE: the stream is out of sync */
+  gs_wire_grow_fn grow; /* NULL, or told of every change of body_cap */
+  void *grow_u;
 } gs_wire_decoder;
 
 void gs_wire_decoder_init(gs_wire_decoder *d, uint32_t max_frame);
+/* Releases the body buffer (telling the grow hook); the decoder may be fed
+ * again afterwards, from the start of a frame. */
 void gs_wire_decoder_free(gs_wire_decoder *d);
+void gs_wire_decoder_set_grow(gs_wire_decoder *d, gs_wire_grow_fn fn, void *u);
+/* True between frames: no byte of the next frame has arrived. */
+int gs_wire_decoder_idle(const gs_wire_decoder *d);
 
 /* Feed bytes as they arrive (partial and coalesced reads). Calls on_frame once
  * per complete frame, in order; a zero-length frame is delivered as
@@ -42,7 +63,9 @@ void gs_wire_decoder_free(gs_wire_decoder *d);
  * -EMSGSIZE when a length prefix exceeds max_frame: detected from the 4 header
  * bytes, before any allocation for the body; the decoder is then unusable and
  * every further feed returns -EMSGSIZE (the caller closes the connection).
- * -ENOMEM when the body buffer cannot be allocated. */
+ * -ENOMEM when the body buffer cannot be allocated, or what the grow hook
+ * returned when it refused a growth (the bytes of this feed from the one that
+ * needed it on are not consumed; the caller closes the connection). */
 int gs_wire_feed(gs_wire_decoder *d, const uint8_t *data, size_t len,
                  int (*on_frame)(void *u, const uint8_t *body, size_t len), void *u);
 

@@ -14,7 +14,11 @@
  *  - -EMSGSIZE comes only from a header announcing more than the limit, and
  *    after it every feed is refused again;
  *  - each delivered body goes through gs_wire_unpack_request, as the
- *    daemon's dispatcher does.
+ *    daemon's dispatcher does;
+ *  - the piecewise decoder's grow hook, as the daemon's budget uses it, is
+ *    told of every change of its buffer (what it counts always matches),
+ *    a growth never goes past the announced length, a buffer over
+ *    GS_WIRE_KEEP is never kept between frames, and freeing tells it all.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -74,6 +78,20 @@ static int on_frame(void *u, const uint8_t *body, size_t len) {
   return 0;
 }
 
+/* The daemon's view of one decoder's buffer, through the grow hook. */
+typedef struct held {
+  const gs_wire_decoder *d;
+  uint64_t bytes; /* what the hook was told the buffer holds */
+} held;
+
+static int on_grow(void *u, uint32_t from, uint32_t to) {
+  held *h = u;
+  if (from != h->bytes || from != h->d->body_cap) abort();
+  if (to > from && to > h->d->need) abort(); /* never past the announced length */
+  h->bytes = to;
+  return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2) return 0;
   uint32_t max = (data[0] & 0x80) ? (uint32_t)(data[0] & 0x7f) : GS_WIRE_MAX_FRAME;
@@ -94,6 +112,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* In pieces. */
   gs_wire_decoder d;
   gs_wire_decoder_init(&d, max);
+  held h = {.d = &d};
+  gs_wire_decoder_set_grow(&d, on_grow, &h);
   size_t pos = 0;
   int rc_a = 0;
   for (size_t i = 0; i <= k && rc_a == 0; i++) {
@@ -101,6 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (take > len - pos) take = len - pos;
     rc_a = gs_wire_feed(&d, stream + pos, take, on_frame, &a);
     pos += take;
+    if (h.bytes != d.body_cap) abort();
+    if (gs_wire_decoder_idle(&d) && d.body_cap > GS_WIRE_KEEP) abort();
   }
   if (rc_a != 0 && rc_a != -EMSGSIZE) abort(); /* -ENOMEM aside, nothing else */
   if (rc_a == -EMSGSIZE) {
@@ -114,6 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (left >= 4 && 4 + (size_t)be32(stream + a.off) <= left) abort();
   }
   gs_wire_decoder_free(&d);
+  if (h.bytes != 0) abort();
 
   /* Whole, into a second decoder: the same frames, the same ending. */
   gs_wire_decoder_init(&d, max);

@@ -237,6 +237,112 @@ Test(wire, buffer_grows_with_what_arrives) {
   gs_wire_decoder_free(&d);
 }
 
+/* A grow hook that counts what the decoder holds, like the daemon's budget
+ * across connections, and refuses a growth past `budget`. */
+typedef struct tally {
+  uint64_t held;   /* bytes the decoder says it holds */
+  uint64_t peak;
+  uint64_t budget; /* a growth past it is refused with -ENOBUFS */
+  int grows, shrinks, refusals;
+} tally;
+
+static int count_grow(void *u, uint32_t from, uint32_t to) {
+  tally *t = u;
+  cr_assert_eq(t->held, from, "the hook was told %u bytes held, it counted %llu", from,
+               (unsigned long long)t->held);
+  if (to > from && to > t->budget) {
+    t->refusals++;
+    return -ENOBUFS;
+  }
+  if (to > from) t->grows++;
+  else t->shrinks++;
+  t->held = to;
+  if (to > t->peak) t->peak = to;
+  return 0;
+}
+
+/* A 16 MiB frame sent in 4 KiB pieces: at every step the buffer is at most
+ * about twice what has arrived (never the announced 16 MiB up front), every
+ * change goes through the hook, and the big buffer is released once the
+ * frame is delivered; a small frame after it reuses a small buffer. */
+Test(wire, growth_is_told_and_released_after_the_frame) {
+  const uint32_t n = GS_WIRE_MAX_FRAME;
+  uint8_t *frame = malloc(4 + (size_t)n);
+  cr_assert_not_null(frame);
+  frame[0] = (uint8_t)(n >> 24), frame[1] = (uint8_t)(n >> 16), frame[2] = (uint8_t)(n >> 8),
+  frame[3] = (uint8_t)n;
+  for (uint32_t i = 0; i < n; i++) frame[4 + i] = (uint8_t)(i * 7u + 3);
+  gs_wire_decoder d;
+  gs_wire_decoder_init(&d, GS_WIRE_MAX_FRAME);
+  tally t = {.budget = UINT64_MAX};
+  gs_wire_decoder_set_grow(&d, count_grow, &t);
+  sink s = {0};
+  cr_assert(gs_wire_decoder_idle(&d));
+  size_t at = 0;
+  while (at < 4 + (size_t)n) {
+    size_t chunk = 4 + (size_t)n - at < 4096 ? 4 + (size_t)n - at : 4096;
+    cr_assert_eq(gs_wire_feed(&d, frame + at, chunk, collect, &s), 0);
+    at += chunk;
+    if (at < 4 + (size_t)n) {
+      size_t got = at - 4;
+      cr_assert(!gs_wire_decoder_idle(&d));
+      cr_assert_eq(t.held, d.body_cap);
+      cr_assert_leq(d.body_cap, 2 * got + GS_WIRE_KEEP, "%u bytes held after %zu arrived",
+                    d.body_cap, got);
+      cr_assert_geq(d.body_cap, got);
+    }
+  }
+  cr_assert_eq(s.n, 1);
+  cr_assert_eq(s.len[0], n);
+  cr_expect(memcmp(s.body[0], frame + 4, n) == 0, "the body arrived whole");
+  cr_assert(gs_wire_decoder_idle(&d));
+  cr_assert_eq(t.peak, n, "peak %llu: never past the announced length",
+               (unsigned long long)t.peak);
+  cr_assert_eq(d.body_cap, 0, "the 16 MiB buffer is kept after its frame");
+  cr_assert_null(d.body);
+  cr_assert_eq(t.held, 0);
+  cr_assert_eq(t.grows, 9, "64 KiB doubling to 16 MiB is 9 sizes, got %d", t.grows);
+  cr_assert_eq(t.shrinks, 1);
+  /* A small frame split in two keeps its small buffer between frames. */
+  const uint8_t small[4 + 10] = {0, 0, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(gs_wire_feed(&d, small, 7, collect, &s), 0);
+    cr_assert_eq(gs_wire_feed(&d, small + 7, 7, collect, &s), 0);
+  }
+  cr_assert_eq(s.n, 3);
+  cr_assert_eq(s.len[2], 10);
+  cr_assert_eq(d.body_cap, 10);
+  cr_assert_eq(t.held, 10);
+  gs_wire_decoder_free(&d);
+  cr_assert_eq(t.held, 0, "free tells the hook");
+  sink_free(&s);
+  free(frame);
+}
+
+/* A refused growth: the feed fails with the hook's error, nothing past the
+ * bytes already held is taken, and the accounting still matches. */
+Test(wire, refused_growth_stops_the_feed) {
+  const uint32_t n = 1u << 20; /* 1 MiB announced, 200 KiB allowed */
+  uint8_t *frame = calloc(1, 4 + (size_t)n);
+  cr_assert_not_null(frame);
+  frame[1] = (uint8_t)(n >> 16);
+  gs_wire_decoder d;
+  gs_wire_decoder_init(&d, GS_WIRE_MAX_FRAME);
+  tally t = {.budget = 200u << 10};
+  gs_wire_decoder_set_grow(&d, count_grow, &t);
+  sink s = {0};
+  cr_assert_eq(gs_wire_feed(&d, frame, 4 + 100000, collect, &s), 0);
+  cr_assert_eq(d.body_cap, 128u << 10);
+  cr_assert_eq(gs_wire_feed(&d, frame + 4 + 100000, 100000, collect, &s), -ENOBUFS);
+  cr_assert_eq(t.refusals, 1);
+  cr_assert_eq(d.body_cap, 128u << 10, "a refused growth left the buffer as it was");
+  cr_assert_eq(t.held, d.body_cap);
+  cr_assert_eq(s.n, 0);
+  gs_wire_decoder_free(&d);
+  cr_assert_eq(t.held, 0);
+  free(frame);
+}
+
 Test(wire, limit_is_inclusive) {
   /* a frame of exactly max bytes passes, max + 1 is refused */
   uint8_t buf[4 + 8] = {0, 0, 0, 8};
