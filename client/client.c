@@ -7,7 +7,11 @@
  * GS_WIRE_MAX_FRAME before allocating, exactly as the daemon does. Request
  * ids count up from 1 per connection, and a response must echo the id of the
  * request in flight, so a confused peer is caught at once instead of
- * answering the wrong question. Uploads and downloads go in 1 MiB chunks so
+ * answering the wrong question. The one answer with id 0 is the daemon's
+ * refusal of the connection itself (over a connection limit), written as
+ * it accepts and followed by its close: it is the answer to whatever request
+ * was sent, and is read even when sending failed because the daemon had
+ * already closed. Uploads and downloads go in 1 MiB chunks so
  * no frame comes near the 16 MiB limit, however large the dataset.
  */
 #include "client/client.h"
@@ -100,6 +104,18 @@ int gs_client_send(gs_client *c, Gpushare__V1__Request *req, uint64_t *id, gs_er
   }
   rc = gs_wire_write_all(c->fd, buf, len);
   free(buf);
+  if (rc == -EPIPE || rc == -ECONNRESET) {
+    /* Closed by the daemon: a refusal it wrote first is still there to read. */
+    Gpushare__V1__Response *r = NULL;
+    gs_err re;
+    gs_err_clear(&re);
+    if (gs_client_recv(c, 0, &r, &re) == GS_CLIENT_REFUSED) {
+      gs_client_free_response(r);
+      if (e) *e = re;
+      return GS_CLIENT_REFUSED;
+    }
+    gs_client_free_response(r);
+  }
   if (rc) {
     gs_err_set(e, GS_UNAVAILABLE, "", "lost the connection to %s while sending: %s", c->path,
                strerror(-rc));
@@ -135,7 +151,8 @@ int gs_client_recv(gs_client *c, uint64_t id, Gpushare__V1__Response **out, gs_e
     if (e) e->code = GS_INTERNAL;
     return -EPROTO;
   }
-  if (!r->has_id || r->id != id) {
+  int refusal = r->has_id && r->id == 0 && r->has_code && r->code != GPUSHARE__V1__CODE__OK;
+  if (!refusal && (!r->has_id || r->id != id)) {
     gs_err_set(e, GS_INTERNAL, "id", "gpushared answered request %llu with id %llu%s",
                (unsigned long long)id, (unsigned long long)r->id, r->has_id ? "" : " (unset)");
     gs_client_free_response(r);

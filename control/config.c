@@ -18,7 +18,9 @@
  * The whole file is parsed into a copy that replaces *c only when every line
  * is valid, so a bad SIGHUP reload leaves the running configuration intact.
  * A key given twice is an error that names both lines: with no sections a
- * repeat is always a mistake.
+ * repeat is always a mistake. Two keys whose values depend on each other
+ * are checked together once the whole file is read (gs_config__pairs), so
+ * the order of the lines does not matter.
  */
 #include "control/config.h"
 
@@ -71,9 +73,14 @@ static const struct gs_config__key gs_config__keys[] = {
     GS_K(cpu_threads, GS_CONFIG__UINT, 0, 65536, 0),
     GS_K(memory_oversubscribe, GS_CONFIG__BOOL, 0, 1, 0),
     GS_K(max_connections, GS_CONFIG__UINT, 1, 1000000, 1),
+    GS_K(max_connections_per_uid, GS_CONFIG__UINT, 1, 1000000, 1),
+    GS_K(admin_reserved_connections, GS_CONFIG__UINT, 0, 999999, 1),
     GS_K(max_inflight, GS_CONFIG__UINT, 1, 65536, 1),
     GS_K(idle_timeout_s, GS_CONFIG__UINT, 0, 31536000, 1),
+    GS_K(idle_timeout_norole_s, GS_CONFIG__UINT, 0, 31536000, 1),
+    GS_K(frame_timeout_s, GS_CONFIG__UINT, 1, 3600, 1),
     GS_K(max_frame, GS_CONFIG__SIZE, GS_CONFIG_FRAME_MIN, GS_CONFIG_FRAME_MAX, 1),
+    GS_K(max_pending_frame_bytes, GS_CONFIG__SIZE, GS_CONFIG_FRAME_MIN, UINT64_MAX, 1),
     GS_K(max_upload, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
     GS_K(max_tenant_datasets, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
     GS_K(max_job_spec, GS_CONFIG__SIZE, GS_CONFIG_SPEC_MIN, GS_CONFIG_FRAME_MAX, 1),
@@ -99,9 +106,14 @@ void gs_config_defaults(gs_config *c) {
   c->cpu_threads = 0;
   c->memory_oversubscribe = 0;
   c->max_connections = 256;
+  c->max_connections_per_uid = 32;
+  c->admin_reserved_connections = 8;
   c->max_inflight = 64;
   c->idle_timeout_s = 600;
+  c->idle_timeout_norole_s = 10;
+  c->frame_timeout_s = 10;
   c->max_frame = GS_CONFIG_FRAME_MAX;
+  c->max_pending_frame_bytes = 4 * GS_CONFIG_FRAME_MAX;
   c->max_upload = GS_CONFIG_GIB;
   c->max_tenant_datasets = 16 * GS_CONFIG_GIB;
   c->max_job_spec = GS_CONFIG_MIB;
@@ -252,6 +264,46 @@ static char *gs_config__trim(char *s) {
   return s;
 }
 
+static size_t gs_config__index(const char *name) {
+  size_t i = 0;
+  while (i < GS_CONFIG__NKEYS && strcmp(name, gs_config__keys[i].name) != 0) i++;
+  return i;
+}
+
+/* Keys that bound each other, checked on the whole parsed file c. On
+   refusal: -1, e's field the line of whichever of the two the file set
+   (the later one when it set both; seen[] holds each key's line). */
+static int gs_config__pairs(const gs_config *c, const unsigned *seen, const char *path,
+                            gs_err *e) {
+  const char *a, *b; /* the two keys: a is the one whose range depends on b */
+  char msg[sizeof e->msg];
+  if (c->admin_reserved_connections >= c->max_connections) {
+    a = "admin_reserved_connections";
+    b = "max_connections";
+    snprintf(msg, sizeof msg,
+             "admin_reserved_connections %u with max_connections %u leaves no connection for "
+             "anyone but admins; allowed: admin_reserved_connections from 0 to "
+             "max_connections - 1 (%u)",
+             c->admin_reserved_connections, c->max_connections, c->max_connections - 1);
+  } else if (c->max_pending_frame_bytes < c->max_frame) {
+    char p[32], f[32];
+    a = "max_pending_frame_bytes";
+    b = "max_frame";
+    snprintf(msg, sizeof msg,
+             "max_pending_frame_bytes %s is less than max_frame %s, so a frame of the largest "
+             "size could never be received; allowed: max_pending_frame_bytes from max_frame up",
+             gs_size_format(c->max_pending_frame_bytes, p, sizeof p),
+             gs_size_format(c->max_frame, f, sizeof f));
+  } else {
+    return 0;
+  }
+  unsigned la = seen[gs_config__index(a)], lb = seen[gs_config__index(b)];
+  const char *key = la >= lb ? a : b;
+  char where[sizeof e->field];
+  gs_config__where(where, sizeof where, path, la >= lb ? la : lb, key);
+  return gs_err_set(e, GS_INVALID_ARGUMENT, where, "%s", msg);
+}
+
 int gs_config_load(const char *path, gs_config *c, gs_err *e) {
   gs_config tmp = *c;
   unsigned seen[GS_CONFIG__NKEYS] = {0}; /* line each key was set on, 0: not yet */
@@ -300,8 +352,7 @@ int gs_config_load(const char *path, gs_config *c, gs_err *e) {
     *eq = '\0';
     char *key = gs_config__trim(s);
     char *val = gs_config__trim(eq + 1);
-    size_t i = 0;
-    while (i < GS_CONFIG__NKEYS && strcmp(key, gs_config__keys[i].name) != 0) i++;
+    size_t i = gs_config__index(key);
     if (key[0] == '\0' || i == GS_CONFIG__NKEYS) {
       char keys[512];
       gs_config__key_list(keys, sizeof keys);
@@ -329,6 +380,7 @@ int gs_config_load(const char *path, gs_config *c, gs_err *e) {
     }
     seen[i] = lineno;
   }
+  if (gs_config__pairs(&tmp, seen, path, e) != 0) goto fail;
   *c = tmp;
   rc = 0;
 fail:

@@ -45,9 +45,17 @@ typedef struct gs_config {
                                     usable memory (a job then fails with an OOM report of
                                     cause PHYSICAL when the device runs out); default no */
   unsigned max_connections;  /* default 256 */
+  unsigned max_connections_per_uid; /* of one uid that is not an admin; default 32 */
+  unsigned admin_reserved_connections; /* the last of max_connections, for admins only;
+                                          default 8, less than max_connections */
   unsigned max_inflight;     /* per connection; default 64 */
   unsigned idle_timeout_s;   /* default 600; 0 = never */
+  unsigned idle_timeout_norole_s; /* for a peer neither admin nor in a tenant (the shorter
+                                     of this and idle_timeout_s); default 10; 0 = never */
+  unsigned frame_timeout_s;  /* from a frame's first byte to its last; default 10 */
   uint64_t max_frame;        /* default 16 MiB, at most 16 MiB */
+  uint64_t max_pending_frame_bytes; /* held for partly received frames, all connections
+                                       together; default 64 MiB, at least max_frame */
   uint64_t max_upload;       /* per dataset; default 1 GiB */
   uint64_t max_tenant_datasets; /* bytes of one tenant's datasets in all (each content once);
                                    default 16 GiB */
@@ -59,7 +67,10 @@ void gs_config_defaults(gs_config *c);
 /* Parse a file of `key = value` lines (# comments, blank lines, keys as the
    field names above; sizes through gs_size_parse; modes in octal like 0660).
    On error: -1 and e names "FILE:LINE key" in field and the value and what is
-   allowed in msg; c is left unchanged (parse into a copy). Unknown keys are errors.
+   allowed in msg; c is left unchanged (parse into a copy). Unknown keys are errors,
+   and so are two keys at odds (admin_reserved_connections not under
+   max_connections, max_pending_frame_bytes under max_frame): the error then
+   names the line of the one the file sets (the later one when it sets both).
    A file that cannot be opened: -1, errno kept, e->field the path and e->code
    GS_NOT_FOUND when it does not exist (so the caller can accept a missing
    GS_CONFIG_DEFAULT_PATH), GS_FAILED_PRECONDITION otherwise. */

@@ -28,6 +28,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,8 +123,13 @@ static void reload(gs_daemon *d) {
   snprintf(d->cfg.admin_group, sizeof d->cfg.admin_group, "%s", neu.admin_group);
   snprintf(d->cfg.log_level, sizeof d->cfg.log_level, "%s", neu.log_level);
   d->cfg.max_connections = neu.max_connections;
+  d->cfg.max_connections_per_uid = neu.max_connections_per_uid;
+  d->cfg.admin_reserved_connections = neu.admin_reserved_connections;
   d->cfg.max_inflight = neu.max_inflight;
   d->cfg.idle_timeout_s = neu.idle_timeout_s;
+  d->cfg.idle_timeout_norole_s = neu.idle_timeout_norole_s;
+  d->cfg.frame_timeout_s = neu.frame_timeout_s;
+  d->cfg.max_pending_frame_bytes = neu.max_pending_frame_bytes;
   d->cfg.max_upload = neu.max_upload;
   d->cfg.max_tenant_datasets = neu.max_tenant_datasets;
   d->cfg.max_job_spec = neu.max_job_spec;
@@ -272,6 +278,13 @@ int main(int argc, char **argv) {
   memset(&ign, 0, sizeof ign);
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
+  /* Frames being received take buffers of up to 16 MiB that live for
+   * seconds (server.c, max_pending_frame_bytes). glibc would raise its mmap
+   * threshold after the first such buffer is freed and serve the next ones
+   * from the heap, which keeps what a flood of them freed; a fixed threshold
+   * keeps every large buffer its own mapping, given back when freed (and
+   * grown by mremap, without a copy). */
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   int o;
   opterr = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {

@@ -37,7 +37,9 @@ void gs_server_free(gs_server *s);
 const char *gs_server_path(const gs_server *s);
 size_t gs_server_connections(const gs_server *s);
 /* The live limits of d->cfg changed (a reload): max_connections,
- * max_inflight and max_frame apply from now on. */
+ * max_inflight and max_frame apply from now on; the per-uid and admin
+ * connection limits from the next connection, the timeouts from the next
+ * sweep, max_pending_frame_bytes from the next growth of a frame buffer. */
 void gs_server_limits_changed(gs_server *s);
 
 /* Send a whole framed Response on a connection later (streams). Returns 0,

@@ -29,6 +29,7 @@ reload() {  # reload: SIGHUP, and wait until the daemon says it applied the file
 cat >>"$CONF" <<CONF
 cpu_threads = 1
 max_connections = 8
+admin_reserved_connections = 2
 max_inflight = 4
 idle_timeout_s = 0
 max_frame = 2MiB

@@ -76,9 +76,14 @@ Test(config, defaults) {
   cr_assert_eq(c.gpu_reserve, 1ull << 30);
   cr_assert_eq(c.cpu_threads, 0);
   cr_assert_eq(c.max_connections, 256);
+  cr_assert_eq(c.max_connections_per_uid, 32);
+  cr_assert_eq(c.admin_reserved_connections, 8);
   cr_assert_eq(c.max_inflight, 64);
   cr_assert_eq(c.idle_timeout_s, 600);
+  cr_assert_eq(c.idle_timeout_norole_s, 10);
+  cr_assert_eq(c.frame_timeout_s, 10);
   cr_assert_eq(c.max_frame, 16ull << 20);
+  cr_assert_eq(c.max_pending_frame_bytes, 64ull << 20);
   cr_assert_eq(c.max_upload, 1ull << 30);
   cr_assert_eq(c.max_tenant_datasets, 16ull << 30);
   cr_assert_eq(c.max_job_spec, 1ull << 20);
@@ -113,9 +118,14 @@ Test(config, full_file) {
              "cpu_threads = 12\n"
              "memory_oversubscribe = yes\n"
              "max_connections = 1024\n"
+             "max_connections_per_uid = 16\n"
+             "admin_reserved_connections = 0\n"
              "max_inflight = 8\n"
              "idle_timeout_s = 0\n"
+             "idle_timeout_norole_s = 0\n"
+             "frame_timeout_s = 3600\n"
              "max_frame = 4MiB\n"
+             "max_pending_frame_bytes = 4MiB\n"
              "max_upload = 2.5GB\n"
              "max_tenant_datasets = 100GiB\n"
              "max_job_spec = 64KiB\n"
@@ -135,9 +145,14 @@ Test(config, full_file) {
   cr_assert_eq(c.cpu_threads, 12);
   cr_assert_eq(c.memory_oversubscribe, 1);
   cr_assert_eq(c.max_connections, 1024);
+  cr_assert_eq(c.max_connections_per_uid, 16);
+  cr_assert_eq(c.admin_reserved_connections, 0);
   cr_assert_eq(c.max_inflight, 8);
   cr_assert_eq(c.idle_timeout_s, 0);
+  cr_assert_eq(c.idle_timeout_norole_s, 0);
+  cr_assert_eq(c.frame_timeout_s, 3600);
   cr_assert_eq(c.max_frame, 4ull << 20);
+  cr_assert_eq(c.max_pending_frame_bytes, 4ull << 20);
   cr_assert_eq(c.max_upload, 2500000000ull);
   cr_assert_eq(c.max_tenant_datasets, 100ull << 30);
   cr_assert_eq(c.max_job_spec, 64ull << 10);
@@ -200,6 +215,59 @@ Test(config, dataset_and_spec_limits) {
   write_file("max_job_spec = 16MiB\n");
   cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
   cr_assert_eq(c.max_job_spec, 16ull << 20);
+}
+
+/* The limits that keep one local user from locking others out: each bound
+   of its own, then the pairs checked together (whatever the line order),
+   each refusal naming the key, the value and what is allowed. */
+Test(config, connection_limits) {
+  expect_refusal("max_connections_per_uid = 0\n", 1, "max_connections_per_uid", "\"0\"",
+                 "max_connections_per_uid takes a whole number from 1 to 1000000");
+  expect_refusal("admin_reserved_connections = -1\n", 1, "admin_reserved_connections", "\"-1\"",
+                 "from 0 to 999999");
+  expect_refusal("frame_timeout_s = 0\n", 1, "frame_timeout_s", "\"0\"",
+                 "frame_timeout_s takes a whole number from 1 to 3600");
+  expect_refusal("frame_timeout_s = 3601\n", 1, "frame_timeout_s", "3601", "1 to 3600");
+  expect_refusal("idle_timeout_norole_s = 10s\n", 1, "idle_timeout_norole_s", "\"10s\"",
+                 "from 0 to 31536000");
+  expect_refusal("max_pending_frame_bytes = 1MiB\n", 1, "max_pending_frame_bytes", "\"1MiB\"",
+                 "at least 2.00 MiB");
+  expect_refusal("max_pending_frame_bytes = many\n", 1, "max_pending_frame_bytes",
+                 "max_pending_frame_bytes: ", "many");
+  /* The reserve must leave room for others: here it is the later line... */
+  expect_refusal("max_connections = 8\nadmin_reserved_connections = 8\n", 2,
+                 "admin_reserved_connections", "admin_reserved_connections 8 with max_connections 8",
+                 "allowed: admin_reserved_connections from 0 to max_connections - 1 (7)");
+  /* ...here max_connections, set below the default reserve of 8. */
+  expect_refusal("log_level = info\nmax_connections = 4\n", 2, "max_connections",
+                 "admin_reserved_connections 8 with max_connections 4", "(3)");
+  expect_refusal("admin_reserved_connections = 20\nmax_connections = 10\n", 2,
+                 "max_connections", "admin_reserved_connections 20", NULL);
+  /* One frame of the largest size must fit the budget. */
+  expect_refusal("max_pending_frame_bytes = 8MiB\n", 1, "max_pending_frame_bytes",
+                 "max_pending_frame_bytes 8.00 MiB is less than max_frame 16.00 MiB",
+                 "allowed: max_pending_frame_bytes from max_frame up");
+  expect_refusal("max_pending_frame_bytes = 4MiB\nmax_frame = 8MiB\n", 2, "max_frame",
+                 "less than max_frame 8.00 MiB", NULL);
+  /* The bounds themselves are allowed. */
+  write_file("max_connections = 1\nadmin_reserved_connections = 0\nmax_connections_per_uid = 1\n"
+             "frame_timeout_s = 1\nidle_timeout_norole_s = 0\nmax_frame = 2MiB\n"
+             "max_pending_frame_bytes = 2MiB\n");
+  gs_config c;
+  gs_config_defaults(&c);
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  cr_assert_eq(c.max_connections, 1);
+  cr_assert_eq(c.admin_reserved_connections, 0);
+  cr_assert_eq(c.max_connections_per_uid, 1);
+  cr_assert_eq(c.frame_timeout_s, 1);
+  cr_assert_eq(c.idle_timeout_norole_s, 0);
+  cr_assert_eq(c.max_pending_frame_bytes, 2ull << 20);
+  write_file("max_connections = 1000000\nadmin_reserved_connections = 999999\n"
+             "max_connections_per_uid = 1000000\nframe_timeout_s = 3600\n");
+  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  cr_assert_eq(c.admin_reserved_connections, 999999);
 }
 
 Test(config, bad_mode) {
@@ -332,8 +400,13 @@ Test(config, restart_needed) {
   snprintf(b.admin_group, sizeof b.admin_group, "ops");
   snprintf(b.log_level, sizeof b.log_level, "debug");
   b.max_connections = 5;
+  b.max_connections_per_uid = 5;
+  b.admin_reserved_connections = 1;
   b.max_inflight = 5;
   b.idle_timeout_s = 5;
+  b.idle_timeout_norole_s = 1;
+  b.frame_timeout_s = 1;
+  b.max_pending_frame_bytes = 1 << 30;
   b.max_frame = 1 << 20;
   b.max_upload = 1 << 20;
   b.max_tenant_datasets = 1 << 20;
