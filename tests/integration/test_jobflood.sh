@@ -8,10 +8,14 @@
 #    vdevs (their limits) plus a stated margin for what is not a job's:
 #    the executor itself, and a thread's stack and bookkeeping per running
 #    job;
-#  - the other tenant's job keeps its compute share: its steps per second
-#    during the flood are at least a fifth of its rate alone (a half is its
-#    share; the rest is slack for a shared machine: the flood's thirty-odd
-#    job threads take turns on the cores beside it).
+#  - the other tenant's job keeps its compute share and its speed: during
+#    the flood its vdev gets at least 40% of the device seconds charged (its
+#    share is half), its steps per device second (core-seconds of its own
+#    threads, as the cpu device charges them) are at least half of what they
+#    are alone (the flood does not slow its steps), and its steps per
+#    second of wall time at least a fifth of its rate alone (about a third
+#    is what equal device seconds give: its steps use both cores, the
+#    flood's one; the rest is slack for a shared machine).
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
@@ -25,8 +29,9 @@ expect_ok "vdev a0: 64 MiB, half the cpu" ctl vdev create a0 --memory 64MiB --co
 expect_ok "vdev b0: 64 MiB, half the cpu" ctl vdev create b0 --memory 64MiB --compute 50 --tenant b
 LIMITS=$((128 * 1024))   # KiB charged at most: the two vdevs' limits
 
-# b's job: long, a step at a time.
-printf 'vdev: "b0" %s\n' "$LONG_JOB" |
+# b's job: long, about a millisecond a step (a share is kept per step: a
+# step of tens of microseconds would time the turn-taking, not the share).
+printf 'vdev: "b0" model { input { height: 28 width: 28 channels: 1 } layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 10 } } } train { synthetic { examples: 8192 seed: 1 classes: 10 } } batch_size: 64 epochs: 10000\n' |
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto >"$T/b.pb"
 # a's jobs: 2,000 examples of 28x28 (1.5 MiB on the host) each, one seed
 # each, so no two share a copy. Encoded once with seed 12345 (two varint
@@ -49,16 +54,21 @@ chmod -R a+rX "$T/a" "$T/b.pb"
 EX=$(pgrep -f "gpushare-executor.*$STATE" | head -1)
 rss() { awk '/VmRSS/ { print $2 }' "/proc/$EX/status"; }
 step_of() { ctl --json status "$1" | json_field "['job'].get('step', 0)"; }
-# rate ID SECONDS: the job's steps per second over that many seconds.
-rate() { local s0 s1 t0 t1; s0=$(step_of "$1"); t0=$(date +%s.%N); sleep "$2"
-  s1=$(step_of "$1"); t1=$(date +%s.%N); $PY -c "print(($s1 - $s0) / ($t1 - $t0))"; }
+# The device seconds charged to a vdev so far.
+dev_s() { ctl metrics | awk -v v="vdev=\"$1\"" '/^gpushare_vdev_device_seconds_total/ && index($0, v) { print $2 }'; }
+# rate ID SECONDS: "steps/s steps/device-second b0's-device-seconds a0's"
+# of job ID (on b0) over that many seconds.
+rate() { local s0 s1 t0 t1 b0 b1 a0 a1
+  s0=$(step_of "$1"); b0=$(dev_s b0); a0=$(dev_s a0); t0=$(date +%s.%N); sleep "$2"
+  s1=$(step_of "$1"); b1=$(dev_s b0); a1=$(dev_s a0); t1=$(date +%s.%N)
+  $PY -c "print(($s1 - $s0) / ($t1 - $t0), ($s1 - $s0) / max($b1 - $b0, 1e-9), $b1 - $b0, $a1 - $a0)"; }
 
 out=$(ctl_as 4002 65534 submit "$T/b.pb" 2>&1)
 [[ "$out" =~ ^job\ ([0-9]+)\ submitted ]] || { fail "b's submit: $out"; finish; exit 1; }
 B=${BASH_REMATCH[1]}
 wait_state "$B" RUNNING 30 >/dev/null || fail "b's job did not start"
 sleep 1
-alone=$(rate "$B" 4)
+read -r alone alone_cpu _ _ <<<"$(rate "$B" 4)"
 base=$(rss)
 
 # The flood: a thousand submits, four at a time.
@@ -92,15 +102,21 @@ echo "# a: $running RUNNING holding $((held / 1024)) KiB, $queued QUEUED, $ended
 
 # Every running job past its first step: their sets are loaded.
 sleep 3
-during=$(rate "$B" 4)
+read -r during during_cpu b_dev a_dev <<<"$(rate "$B" 4)"
 peak=0
 for _ in 1 2 3 4 5; do r=$(rss); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
 MARGIN=$((48 * 1024 + running * 256))   # KiB: the executor, and 256 KiB a running job
 [ "$peak" -le $((LIMITS + MARGIN)) ] &&
   pass "executor RSS $((peak / 1024)) MiB (before the flood $((base / 1024)) MiB) is within the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB" ||
   fail "executor RSS $((peak / 1024)) MiB is over the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB"
+$PY -c "import sys; sys.exit(0 if $b_dev >= 0.4 * ($a_dev + $b_dev) else 1)" &&
+  pass "b's vdev got $(printf %.2f "$b_dev") device seconds during the flood, a's $(printf %.2f "$a_dev") (shares 50:50)" ||
+  fail "b's vdev got $b_dev device seconds during the flood and a's $a_dev: under 40% with a share of half"
+$PY -c "import sys; sys.exit(0 if $during_cpu >= $alone_cpu / 2 else 1)" &&
+  pass "b's job did $(printf %.0f "$during_cpu") steps per device second during the flood, $(printf %.0f "$alone_cpu") alone" ||
+  fail "b's steps per device second fell from $alone_cpu alone to $during_cpu during the flood"
 $PY -c "import sys; sys.exit(0 if $during >= $alone / 5 else 1)" &&
-  pass "b's job ran $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone (its share is half)" ||
+  pass "b's job ran $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone" ||
   fail "b's job slowed from $alone steps/s alone to $during during the flood"
 
 stop_daemon
