@@ -28,13 +28,13 @@ Standard library only (requests are encoded by hand).
 """
 import os
 import select
-import socket
 import struct
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rawframe  # noqa: E402  (decode_response, CODES; decoding needs no protoc)
+from rawframe import as_uid, connect  # noqa: E402
 
 # Request{id: 1, version {}}: field 1 varint, field 32 (tag 0x82 0x02) empty.
 VERSION = b"\x08\x01\x82\x02\x00"
@@ -43,18 +43,6 @@ BIG = 16 << 20
 
 def frame(body):
     return struct.pack(">I", len(body)) + body
-
-
-def as_uid(uid):
-    os.setgroups([])
-    os.setgid(65534)
-    os.setuid(uid)
-
-
-def connect(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    return s
 
 
 def send_version(s):

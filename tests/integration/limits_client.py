@@ -24,31 +24,18 @@ Standard library and protoc only (through rawframe.py).
 """
 import os
 import select
-import socket
 import struct
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rawframe  # noqa: E402  (encode_text, varint, read_varint, CODES)
+from rawframe import as_uid, connect  # noqa: E402
 
 
 def req(text):
     body = rawframe.encode_text("Request", text)
     return struct.pack(">I", len(body)) + body
-
-
-def as_uid(uid):
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(uid)
-
-
-def connect(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    return s
 
 
 class Reader:

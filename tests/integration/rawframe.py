@@ -108,6 +108,22 @@ def decode_response(body):
     return out
 
 
+def as_uid(uid):
+    """Drop to uid (gid and groups nogroup) for the rest of the process;
+    None stays who we are."""
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(uid)
+
+
+def connect(path):
+    """A connected Unix stream socket to the daemon at path."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+
+
 def recv_exact(s, n):
     buf = b""
     while len(buf) < n:

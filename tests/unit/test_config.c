@@ -45,6 +45,15 @@ static void write_file(const char *text) {
 /* Load text over defaults, expecting a refusal: the config must be
    untouched, the field must be "PATH:LINE key" and msg must contain each of
    the given words. */
+/* text loads over the defaults into *c. */
+static void load_ok(const char *text, gs_config *c) {
+  write_file(text);
+  gs_config_defaults(c);
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_config_load(cfgpath, c, &e), 0, "%s: %s", e.field, e.msg);
+}
+
 static void expect_refusal(const char *text, unsigned line, const char *key,
                            const char *word1, const char *word2) {
   write_file(text);
@@ -204,16 +213,11 @@ Test(config, dataset_and_spec_limits) {
   expect_refusal("log_level = info\nmax_job_spec = 4KiB\nmax_job_spec = 8KiB\n", 3,
                  "max_job_spec", "set again (first on line 2)", NULL);
   /* The bounds themselves are allowed. */
-  write_file("max_job_spec = 1KiB\nmax_tenant_datasets = 1\n");
   gs_config c;
-  gs_config_defaults(&c);
-  gs_err e;
-  gs_err_clear(&e);
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  load_ok("max_job_spec = 1KiB\nmax_tenant_datasets = 1\n", &c);
   cr_assert_eq(c.max_job_spec, 1024);
   cr_assert_eq(c.max_tenant_datasets, 1);
-  write_file("max_job_spec = 16MiB\n");
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  load_ok("max_job_spec = 16MiB\n", &c);
   cr_assert_eq(c.max_job_spec, 16ull << 20);
 }
 
@@ -250,23 +254,20 @@ Test(config, connection_limits) {
   expect_refusal("max_pending_frame_bytes = 4MiB\nmax_frame = 8MiB\n", 2, "max_frame",
                  "less than max_frame 8.00 MiB", NULL);
   /* The bounds themselves are allowed. */
-  write_file("max_connections = 1\nadmin_reserved_connections = 0\nmax_connections_per_uid = 1\n"
-             "frame_timeout_s = 1\nidle_timeout_norole_s = 0\nmax_frame = 2MiB\n"
-             "max_pending_frame_bytes = 2MiB\n");
   gs_config c;
-  gs_config_defaults(&c);
-  gs_err e;
-  gs_err_clear(&e);
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  load_ok("max_connections = 1\nadmin_reserved_connections = 0\nmax_connections_per_uid = 1\n"
+          "frame_timeout_s = 1\nidle_timeout_norole_s = 0\nmax_frame = 2MiB\n"
+          "max_pending_frame_bytes = 2MiB\n",
+          &c);
   cr_assert_eq(c.max_connections, 1);
   cr_assert_eq(c.admin_reserved_connections, 0);
   cr_assert_eq(c.max_connections_per_uid, 1);
   cr_assert_eq(c.frame_timeout_s, 1);
   cr_assert_eq(c.idle_timeout_norole_s, 0);
   cr_assert_eq(c.max_pending_frame_bytes, 2ull << 20);
-  write_file("max_connections = 1000000\nadmin_reserved_connections = 999999\n"
-             "max_connections_per_uid = 1000000\nframe_timeout_s = 3600\n");
-  cr_assert_eq(gs_config_load(cfgpath, &c, &e), 0, "%s: %s", e.field, e.msg);
+  load_ok("max_connections = 1000000\nadmin_reserved_connections = 999999\n"
+          "max_connections_per_uid = 1000000\nframe_timeout_s = 3600\n",
+          &c);
   cr_assert_eq(c.admin_reserved_connections, 999999);
 }
 
