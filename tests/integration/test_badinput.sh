@@ -88,6 +88,32 @@ t "a name with a NUL inside (a\\0b)" 0 "code=INVALID_ARGUMENT field=create_tenan
 t "a job name that is not UTF-8" 0 "code=INVALID_ARGUMENT field=submit.spec.name|not UTF-8" \
   R --hex '0806ba01060a040a02c328'
 t "wire type 3 (groups)" 0 "field=frame|wire type 3" R --hex '0801 0b'
+# Every string a call takes a name in, not UTF-8 and with a NUL: refused at
+# the frame with the field's path, the connection open, nothing changed.
+# hexreq PATH VALUE: Request{id 7} with VALUE (hex) at the field numbers of
+# PATH (call, then nested fields), each a length-delimited field.
+hexreq() { $PY - "$@" <<'PY'
+import sys
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7f, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v: return out
+path, body = [int(x) for x in sys.argv[1].split(".")], bytes.fromhex(sys.argv[2])
+for num in reversed(path):
+    body = varint(num << 3 | 2) + varint(len(body)) + body
+print((b"\x08\x07" + body).hex())
+PY
+}
+for c in create_tenant.name:11.1 delete_tenant.name:13.1 set_quota.tenant:14.1 get_quota.tenant:15.1 \
+         create_vdev.name:16.1 create_vdev.tenant:16.3 delete_vdev.name:18.1 upload_dataset.name:19.1 \
+         remove_dataset.name:21.1 plan.vdev:22.2 plan.spec.vdev:22.1.16 submit.spec.vdev:23.1.16 \
+         submit.spec.train.name:23.1.3.2 submit.spec.model.layer.name:23.1.2.2.1; do
+  f=${c%%:*} nums=${c#*:}
+  t "$f: not UTF-8" 0 "code=INVALID_ARGUMENT field=$f|not UTF-8|OPEN" R --hex "$(hexreq "$nums" 61ff62)"
+  t "$f: a NUL inside" 0 "code=INVALID_ARGUMENT field=$f|a NUL byte at byte 1|OPEN" R --hex "$(hexreq "$nums" 610062)"
+done
 
 # ------------------------------------------------------------- job specs ---
 group "job specs"
@@ -198,6 +224,8 @@ done
 spec jname_ctl "$OK name: \"a\\033[2Jb\""; t "job name: a control character" 1 "INVALID_ARGUMENT|spec.name|0x1b at byte 2" sub jname_ctl
 spec jname_long "$OK name: \"$long\"";     t "job name: 10 kB" 1 "INVALID_ARGUMENT|spec.name|10240 bytes|at most 200" sub jname_long
 spec jname_nl "$OK name: \"a\\nb\"";       t "job name: a newline" 1 "INVALID_ARGUMENT|spec.name|0x0a" sub jname_nl
+spec lname_esc "vdev: \"a0\" model { input { height: 8 width: 8 channels: 1 } layer { name: \"a\\033[2Jb\" flatten {} } layer { dense { units: 4 } } } $D"
+t "layer name: an escape sequence" 1 "INVALID_ARGUMENT|spec.model.layer[0].name|letters, digits" sub lname_esc
 spec vname "vdev: \"../a0\" $M $D";        t "job's vdev: a path" 1 "INVALID_ARGUMENT|spec.vdev|../a0" sub vname
 t "dataset rm: a path" 1 "INVALID_ARGUMENT|remove_dataset.name|../good-img" A dataset rm ../good-img
 t "quota show: a name with a space" 1 "INVALID_ARGUMENT|get_quota.tenant|' '" ctl quota show 'a b'
