@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A tenant floods its small vdev with a thousand jobs, each on a dataset of
-# its own; another tenant's job trains beside it. What must hold:
+# A tenant floods its small vdev with a thousand jobs (a quarter of that
+# under the sanitizers), each on a dataset of its own; another tenant's job trains beside it. What must hold:
 #  - only the jobs whose planned peaks and data fit the vdev run; the rest
 #    wait QUEUED and count against max_queued (the submits past it are
 #    refused, naming the quota);
@@ -13,15 +13,24 @@
 #    share is half), its steps per device second (core-seconds of its own
 #    threads, as the cpu device charges them) are at least half of what they
 #    are alone (the flood does not slow its steps), and its steps per
-#    second of wall time at least a fifth of its rate alone (about a third
-#    is what equal device seconds give: its steps use both cores, the
-#    flood's one; the rest is slack for a shared machine).
+#    second of wall time at least a fifth of its rate alone (an eighth
+#    under the sanitizers; about a third is what equal device seconds give:
+#    its steps use both cores, the flood's one; the rest is slack for a
+#    shared machine).
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
 start_daemon
 N=1000
 QUEUE=960
+if [ "${GS_SANITIZED:-0}" = 1 ]; then
+  # Under AddressSanitizer a submit takes five times as long: a quarter of
+  # the flood keeps the test within its minute, with the same shape.
+  N=250
+  QUEUE=210
+fi
+SLOW=5   # b's wall rate during the flood is at least 1/SLOW of its rate alone
+[ "${GS_SANITIZED:-0}" = 1 ] && SLOW=8   # the hand-overs cost more under the sanitizers
 expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "a may queue $QUEUE jobs, run any number" ctl quota set a --max-queued $QUEUE
@@ -71,7 +80,7 @@ sleep 1
 read -r alone alone_cpu _ _ <<<"$(rate "$B" 4)"
 base=$(rss)
 
-# The flood: a thousand submits, four at a time.
+# The flood: $N submits, four at a time.
 t0=$(date +%s)
 ls "$T"/a/*.pb | xargs -P 4 -n 1 setpriv --reuid=4001 --regid=65534 --clear-groups \
   "$GPUCTL" --socket "$SOCK" submit >"$T/submits" 2>&1
@@ -106,16 +115,20 @@ read -r during during_cpu b_dev a_dev <<<"$(rate "$B" 4)"
 peak=0
 for _ in 1 2 3 4 5; do r=$(rss); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
 MARGIN=$((48 * 1024 + running * 256))   # KiB: the executor, and 256 KiB a running job
-[ "$peak" -le $((LIMITS + MARGIN)) ] &&
-  pass "executor RSS $((peak / 1024)) MiB (before the flood $((base / 1024)) MiB) is within the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB" ||
+if [ "${GS_SANITIZED:-0}" = 1 ]; then
+  echo "# skipped under AddressSanitizer, whose shadow memory and quarantine are in the RSS: the RSS bound ($((peak / 1024)) MiB)"
+elif [ "$peak" -le $((LIMITS + MARGIN)) ]; then
+  pass "executor RSS $((peak / 1024)) MiB (before the flood $((base / 1024)) MiB) is within the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB"
+else
   fail "executor RSS $((peak / 1024)) MiB is over the vdevs' 128 MiB plus the margin of $((MARGIN / 1024)) MiB"
+fi
 $PY -c "import sys; sys.exit(0 if $b_dev >= 0.4 * ($a_dev + $b_dev) else 1)" &&
   pass "b's vdev got $(printf %.2f "$b_dev") device seconds during the flood, a's $(printf %.2f "$a_dev") (shares 50:50)" ||
   fail "b's vdev got $b_dev device seconds during the flood and a's $a_dev: under 40% with a share of half"
 $PY -c "import sys; sys.exit(0 if $during_cpu >= $alone_cpu / 2 else 1)" &&
   pass "b's job did $(printf %.0f "$during_cpu") steps per device second during the flood, $(printf %.0f "$alone_cpu") alone" ||
   fail "b's steps per device second fell from $alone_cpu alone to $during_cpu during the flood"
-$PY -c "import sys; sys.exit(0 if $during >= $alone / 5 else 1)" &&
+$PY -c "import sys; sys.exit(0 if $during >= $alone / $SLOW else 1)" &&
   pass "b's job ran $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone" ||
   fail "b's job slowed from $alone steps/s alone to $during during the flood"
 
