@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,20 @@ int cli_parse_u32(const gpuctl_cli *x, const char *what, const char *s, uint32_t
   int rc = cli_parse_u64(x, what, s, min, max, &v);
   if (!rc) *out = (uint32_t)v;
   return rc;
+}
+
+int cli_parse_i32(const gpuctl_cli *x, const char *what, const char *s, int32_t *out) {
+  bool neg = s[0] == '-';
+  const char *d = s + neg;
+  if (!*d || strspn(d, "0123456789") != strlen(d))
+    return cli_usage_error(x, "%s: \"%s\" is not a whole number; expected %d to %d", what, s, INT32_MIN,
+                           INT32_MAX);
+  uint64_t max = neg ? (uint64_t)INT32_MAX + 1 : INT32_MAX, v = 0;
+  for (const char *p = d; *p; p++)
+    if ((v = v * 10 + (uint64_t)(*p - '0')) > max)
+      return cli_usage_error(x, "%s: %s is out of range; expected %d to %d", what, s, INT32_MIN, INT32_MAX);
+  *out = neg ? (int32_t)(-(int64_t)v) : (int32_t)v;
+  return 0;
 }
 
 int cli_parse_size(const gpuctl_cli *x, const char *what, const char *s, uint64_t *out) {

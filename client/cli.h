@@ -32,6 +32,8 @@ int cli_parse_u64(const gpuctl_cli *x, const char *what, const char *s, uint64_t
                   uint64_t *out);
 int cli_parse_u32(const gpuctl_cli *x, const char *what, const char *s, uint32_t min, uint32_t max,
                   uint32_t *out);
+/* A whole number, optionally negative, within int32: "-3", "10". */
+int cli_parse_i32(const gpuctl_cli *x, const char *what, const char *s, int32_t *out);
 /* A size as gs_size_parse reads it (4GiB, 512MiB, 1.5GB). */
 int cli_parse_size(const gpuctl_cli *x, const char *what, const char *s, uint64_t *out);
 /* A job id: 1 and up. */

@@ -162,17 +162,31 @@ static int have_sha(gpuctl_cli *x, store_list *s, const char *hex) {
   return 0;
 }
 
+/* Is path a local file that resolving uploads (see resolve_path)? */
+static int is_upload(const char *path) {
+  struct stat st;
+  if (!path || !*path || !strncmp(path, "sha256:", 7)) return 0;
+  return !(stat(path, &st) < 0 && errno == ENOENT && !strchr(path, '/'));
+}
+
+int gpuctl_spec_uploads(const Gpushare__V1__JobSpec *spec) {
+  const Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
+  for (int i = 0; i < 2; i++)
+    if (sets[i] && sets[i]->source_case == GPUSHARE__V1__DATASET__SOURCE_IDX && sets[i]->idx &&
+        (is_upload(sets[i]->idx->images) || is_upload(sets[i]->idx->labels)))
+      return 1;
+  return 0;
+}
+
 /* Turn one idx path of the spec into "sha256:HEX"; with upload, make sure the
  * store has the bytes (uploading as dataset basename, or basename-SHA12 when
  * that name holds other bytes). */
 static int resolve_path(gpuctl_cli *x, store_list *s, const char *field, char **slotp, int upload) {
   char *path = *slotp;
-  if (!path || !*path || !strncmp(path, "sha256:", 7)) return 0;
   /* A local file is uploaded; a bare name that is no file here is one of
    * the tenant's datasets (gpuctl dataset add NAME FILE), which the daemon
    * looks up itself. "./NAME" always means the file. */
-  struct stat st;
-  if (stat(path, &st) < 0 && errno == ENOENT && !strchr(path, '/')) return 0;
+  if (!is_upload(path)) return 0;
   gs_err e = {0};
   char hex[65];
   uint64_t bytes = 0;

@@ -368,13 +368,67 @@ int gpuctl_cmd_plan(gpuctl_cli *x, gpuctl_parsed *p) {
 
 /* ------------------------------------------------------------------ jobs --- */
 
+/* Before anything is uploaded: does the job fit the vdev it names, as
+ * planned there (the daemon's plan, with its datasets' sha256 references
+ * and no bytes sent)? 0 when it fits or cannot be judged here (no vdev
+ * named; auto_fit, which the daemon may use to fit it); otherwise the
+ * plan goes to stderr and the submit fails. */
+static int submit_precheck(gpuctl_cli *x, const Gpushare__V1__JobSpec *spec) {
+  if (!spec->vdev || !*spec->vdev || (spec->has_auto_fit && spec->auto_fit) ||
+      !gpuctl_spec_uploads(spec))
+    return 0;
+  size_t n = gpushare__v1__job_spec__get_packed_size(spec);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return cli_fail("out of memory");
+  gpushare__v1__job_spec__pack(spec, buf);
+  Gpushare__V1__JobSpec *copy = gpushare__v1__job_spec__unpack(NULL, n, buf);
+  free(buf);
+  if (!copy) return cli_fail("out of memory");
+  int rc = gpuctl_resolve_spec(x, copy, 0);
+  Gpushare__V1__Response *r = NULL;
+  if (!rc) {
+    GPUCTL_REQ(req, plan, PLAN, Gpushare__V1__PlanRequest, GPUSHARE__V1__PLAN_REQUEST__INIT);
+    plan_msg.spec = copy;
+    rc = cli_call(x, &req, &r);
+    if (!rc) rc = cli_expect(r, GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT);
+  }
+  const Gpushare__V1__Plan *pl = !rc ? r->plan_result->plan : NULL;
+  if (pl && pl->has_fits && !pl->fits) {
+    plan_print(stderr, pl);
+    rc = cli_fail("the job does not fit vdev %s: planned peak %s, limit %s; nothing was uploaded "
+                  "(set auto_fit to let gpushare pick a smaller micro-batch)",
+                  spec->vdev, table_fsize(pl->peak_bytes), table_fsize(pl->limit_bytes));
+  }
+  gs_client_free_response(r);
+  gpushare__v1__job_spec__free_unpacked(copy, NULL);
+  return rc;
+}
+
 int gpuctl_cmd_submit(gpuctl_cli *x, gpuctl_parsed *p) {
   Gpushare__V1__JobSpec *spec;
+  int32_t priority = 0;
+  if (p->nval[2] && cli_parse_i32(x, "--priority", p->val[2][0], &priority)) return GPUCTL_EXIT_USAGE;
   if (read_spec(p->pos[0], &spec)) return GPUCTL_EXIT_FAIL;
   int rc = GPUCTL_EXIT_FAIL;
   uint64_t id = 0;
+  /* The flags win over the spec's fields (the spec was unpacked with the
+   * default allocator: its strings are malloc'd). */
+  if (p->nval[1]) {
+    char *v = strdup(p->val[1][0]);
+    if (!v) {
+      rc = cli_fail("out of memory");
+      goto out;
+    }
+    free(spec->vdev);
+    spec->vdev = v;
+  }
+  if (p->nval[2]) {
+    spec->has_priority = 1;
+    spec->priority = priority;
+  }
   if (cli_connect(x)) goto out;
-  rc = gpuctl_resolve_spec(x, spec, 1);
+  rc = submit_precheck(x, spec);
+  if (!rc) rc = gpuctl_resolve_spec(x, spec, 1);
   if (rc) goto out;
   GPUCTL_REQ(req, submit, SUBMIT, Gpushare__V1__SubmitRequest, GPUSHARE__V1__SUBMIT_REQUEST__INIT);
   submit_msg.spec = spec;

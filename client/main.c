@@ -56,7 +56,11 @@ static const gpuctl_flag quota_set_flags[] = {
     {0}};
 
 static const gpuctl_flag plan_flags[] = {{"--vdev", NULL, "V", 0, 0, "plan against this vdev's memory limit"}, {0}};
-static const gpuctl_flag submit_flags[] = {{"--watch", NULL, NULL, 0, 0, "follow the job until it ends (as gpuctl watch)"}, {0}};
+static const gpuctl_flag submit_flags[] = {
+    {"--watch", NULL, NULL, 0, 0, "follow the job until it ends (as gpuctl watch)"},
+    {"--vdev", NULL, "V", 0, 0, "run it on this vdev (instead of the spec's vdev)"},
+    {"--priority", NULL, "N", 0, 0, "its priority, -2147483648 to 2147483647 (instead of the spec's)"},
+    {0}};
 static const gpuctl_flag job_encode_flags[] = {
     {"--output", "-o", "JOB.pb", 0, 0, "where to write (default: the input's name with .pb)"}, {0}};
 static const gpuctl_flag list_flags[] = {{"--all", NULL, NULL, 0, 0, "include finished jobs"}, {0}};
@@ -102,7 +106,10 @@ static const gpuctl_command commands[] = {
      "are uploaded unless your store already holds the same sha256, and the job\n"
      "refers to them as sha256:HEX; a bare name that is no file here names one of\n"
      "your datasets (gpuctl dataset add NAME FILE). A job that does not fit is\n"
-     "refused with its plan.\n"},
+     "refused with its plan; when the job names its vdev (or --vdev does) and\n"
+     "has files to upload, that is checked against the vdev's plan first, so a\n"
+     "job that cannot fit uploads nothing (unless it sets auto_fit).\n"
+     "--vdev and --priority take the place of the spec's vdev and priority.\n"},
     {"status", "ID", 1, 1, "show a job: state, progress, epochs, an out-of-memory report", no_flags, gpuctl_cmd_status, NULL},
     {"list", "", 0, 0, "list your jobs (queued and running, or --all)", list_flags, gpuctl_cmd_list, NULL},
     {"watch", "ID", 1, 1, "follow a job until it ends; exit 0 if it succeeded, 1 otherwise", no_flags, gpuctl_cmd_watch,

@@ -129,8 +129,40 @@ B --json status "$pid32" >"$T/pre32.json"
 expect_fail "refused on the growth vdev of the same size" 1 RESOURCE_EXHAUSTED B submit "$T/grow32.pb"
 [[ "$LAST_OUT" == *"growth vdev reserves its memory in regions"* ]] &&
   pass "the refusal names the growth regions" || fail "growth refusal: $LAST_OUT"
+
+# --- submit's flags: --vdev and --priority take the place of the spec's,
+# and a job that cannot fit the vdev it names uploads nothing.
+out=$(B --json submit "$T/probe32.pb" --vdev b1 --priority 7) &&
+  [ "$(echo "$out" | json_field "['job']['vdev']")" = b1 ] &&
+  [ "$(echo "$out" | json_field "['job']['priority']")" = 7 ] &&
+  pass "submit --vdev b1 --priority 7: the spec's vdev b0 and priority 0 are replaced" ||
+  fail "submit --vdev --priority: $out"
+wait_state "$(echo "$out" | json_field "['job']['id']")" SUCCEEDED 60 >/dev/null ||
+  fail "the job submitted with --vdev b1 did not succeed"
+expect_fail "submit --priority 2147483648: refused as a usage error" 2 "2147483648 is out of range" \
+  B submit "$T/probe32.pb" --priority 2147483648
 expect_ok "vdev b1 deleted" ctl vdev delete b1
 expect_ok "vdev b2 deleted" ctl vdev delete b2
+mkdir -m 755 "$T/up"
+$PY "$HERE/idxfile.py" "$T/up/imgs" 803 512 16 16 && $PY "$HERE/idxfile.py" "$T/up/labs" 801 512 &&
+  chmod 644 "$T/up/imgs" "$T/up/labs"
+job upload32 "name: \"upload32\" vdev: \"bsmall\"
+model { input { height: 16 width: 16 channels: 1 }
+  layer { conv2d { filters: 16 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { conv2d { filters: 16 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { flatten {} } layer { dense { units: 4 } } }
+train { idx { images: \"$T/up/imgs\" labels: \"$T/up/labs\" } }
+batch_size: 32 accumulation_steps: 2 max_steps: 3 seed: 1"
+expect_ok "vdev bsmall: half the job's planned peak" \
+  ctl vdev create bsmall --memory $((peak / 2)) --compute 5 --policy preallocate --tenant b
+nsets() { B --json dataset list | $PY -c "import json,sys; print(len(json.load(sys.stdin).get('dataset', [])))"; }
+before=$(nsets)
+expect_fail "a job over its vdev is refused before its files go up" 1 "does not fit vdev bsmall" \
+  B submit "$T/upload32.pb"
+[[ "$LAST_OUT" == *"nothing was uploaded"* && "$LAST_OUT" != *"uploading"* ]] &&
+  [ -n "$before" ] && [ "$(nsets)" = "$before" ] &&
+  pass "nothing was uploaded: the store holds $before datasets as before" || fail "precheck: $LAST_OUT"
+expect_ok "vdev bsmall deleted" ctl vdev delete bsmall
 
 # --- quotas: max_queued, max_running -----------------------------------------
 expect_ok "quota: a may run 1 job" ctl quota set a --max-running 1 --max-queued 2
