@@ -505,8 +505,8 @@ static void job_show(const Gpushare__V1__Job *j) {
       const Gpushare__V1__EpochMetrics *m = j->epoch[i];
       table_cell(&t, "%" PRIu32, m->epoch);
       table_cell(&t, "%.4f", m->train_loss);
-      table_cell(&t, "%.4f", m->test_loss);
-      table_cell(&t, "%.2f%%", 100.0 * m->test_accuracy);
+      table_cell(&t, "%s", table_fnum("%.4f", m->test_loss));
+      table_cell(&t, "%s", table_fnum("%.2f%%", 100.0 * m->test_accuracy));
       table_cell(&t, "%.0f", m->samples_per_second);
       table_cell(&t, "%s", table_fsize(m->peak_memory_bytes));
       /* fp32 and bf16 epochs report a scale of 1: only fp16 has one */

@@ -10,6 +10,7 @@
  */
 #include <inttypes.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -50,8 +51,8 @@ void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, char *buf, size_t n) {
   if (ev->has_loss_scale) ADD("  scale %g", ev->loss_scale);
   const Gpushare__V1__EpochMetrics *m = ev->epoch_end;
   if (m)
-    ADD("  epoch %" PRIu32 " done: train loss %.4f, test loss %.4f, test accuracy %.2f%%, peak %s", m->epoch,
-        m->train_loss, m->test_loss, 100.0 * m->test_accuracy, table_fsize(m->peak_memory_bytes));
+    ADD("  epoch %" PRIu32 " done: train loss %.4f, %s, peak %s", m->epoch, m->train_loss,
+        table_ftest(m->test_loss, m->test_accuracy), table_fsize(m->peak_memory_bytes));
   if (ev->message && *ev->message) ADD("  %s", ev->message);
 #undef ADD
 }
@@ -106,10 +107,9 @@ static void progress_line(const watch_view *v, const Gpushare__V1__JobEvent *ev,
 
 static void epoch_line(uint64_t id, const Gpushare__V1__EpochMetrics *m, char *buf, size_t n) {
   int k = snprintf(buf, n,
-                   "job %" PRIu64 "  epoch %" PRIu32 " done: train loss %.4f, test loss %.4f, test accuracy %.2f%%, "
-                   "%.0f samples/s, peak %s",
-                   id, m->epoch, m->train_loss, m->test_loss, 100.0 * m->test_accuracy, m->samples_per_second,
-                   table_fsize(m->peak_memory_bytes));
+                   "job %" PRIu64 "  epoch %" PRIu32 " done: train loss %.4f, %s, %.0f samples/s, peak %s",
+                   id, m->epoch, m->train_loss, table_ftest(m->test_loss, m->test_accuracy),
+                   m->samples_per_second, table_fsize(m->peak_memory_bytes));
   if (k > 0 && (size_t)k < n && m->has_loss_scale && m->loss_scale > 0 && m->loss_scale != 1.0f)
     snprintf(buf + k, n - (size_t)k, ", loss scale %g, %" PRIu64 " skipped", m->loss_scale, m->skipped_steps);
 }
@@ -153,7 +153,7 @@ static const char *event_reason(const Gpushare__V1__JobEvent *ev) {
 static void watch_event(watch_view *v, const Gpushare__V1__JobEvent *ev) {
   char line[1024];
   if (ev->epoch_end) {
-    v->have_acc = 1;
+    v->have_acc = !isnan(ev->epoch_end->test_accuracy); /* NaN: no test set */
     v->acc = ev->epoch_end->test_accuracy;
     epoch_line(ev->job_id, ev->epoch_end, line, sizeof line);
     watch_put(v, line);
@@ -216,7 +216,8 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     if (rc) {
       if (v.live) fputc('\n', stdout);
       gs_client_free_response(r);
-      cli_report(rc, &e);
+      int out = cli_report(rc, &e);
+      if (rc == GS_CLIENT_REFUSED) return out; /* the daemon said why: no such job, not yours */
       return cli_fail("lost the daemon while watching job %" PRIu64 "; gpuctl watch %" PRIu64 " follows it again",
                   id, id);
     }
@@ -251,8 +252,12 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     if (j && j->step) printf(" at step %" PRIu64 "/%" PRIu64, j->step, j->total_steps);
     if (j && j->n_epoch) {
       const Gpushare__V1__EpochMetrics *m = j->epoch[j->n_epoch - 1];
-      printf(" after %zu epoch%s: test accuracy %.2f%%, test loss %.4f", j->n_epoch, j->n_epoch == 1 ? "" : "s",
-             100.0 * m->test_accuracy, m->test_loss);
+      if (isnan(m->test_accuracy))
+        printf(" after %zu epoch%s: train loss %.4f (no test set)", j->n_epoch, j->n_epoch == 1 ? "" : "s",
+               m->train_loss);
+      else
+        printf(" after %zu epoch%s: test accuracy %.2f%%, test loss %.4f", j->n_epoch,
+               j->n_epoch == 1 ? "" : "s", 100.0 * m->test_accuracy, m->test_loss);
     } else if (v.have_acc) {
       printf(": test accuracy %.2f%%", 100.0 * v.acc);
     }

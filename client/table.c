@@ -8,6 +8,7 @@
  * static slots, so several can appear in one printf; nothing is freed.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,23 @@ static char *slot(void) {
 }
 
 const char *table_fsize(uint64_t b) { return gs_size_format(b, slot(), 64); }
+
+const char *table_fnum(const char *fmt, double v) {
+  if (isnan(v)) return "-";
+  char *s = slot();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+  snprintf(s, 64, fmt, v);
+#pragma GCC diagnostic pop
+  return s;
+}
+
+const char *table_ftest(double loss, double accuracy) {
+  if (isnan(loss) || isnan(accuracy)) return "no test set";
+  char *s = slot();
+  snprintf(s, 64, "test loss %.4f, test accuracy %.2f%%", loss, 100.0 * accuracy);
+  return s;
+}
 
 const char *table_fcount_or_unlimited(uint32_t n) {
   if (!n) return "unlimited";

@@ -36,6 +36,12 @@ void table_free(table *t);
 
 /* "5.00 GiB" */
 const char *table_fsize(uint64_t b);
+/* v with printf format fmt (one double conversion), or "-" when v is NaN
+ * (a job without a test set has no test loss or accuracy) */
+const char *table_fnum(const char *fmt, double v);
+/* "test loss 0.4256, test accuracy 85.08%", or "no test set" when they
+ * are NaN */
+const char *table_ftest(double loss, double accuracy);
 /* n, or "unlimited" for 0 */
 const char *table_fcount_or_unlimited(uint32_t n);
 /* local time "YYYY-MM-DD HH:MM:SS", or "-" for none */

@@ -141,6 +141,19 @@ wait_state "$(echo "$out" | json_field "['job']['id']")" SUCCEEDED 60 >/dev/null
   fail "the job submitted with --vdev b1 did not succeed"
 expect_fail "submit --priority 2147483648: refused as a usage error" 2 "2147483648 is out of range" \
   B submit "$T/probe32.pb" --priority 2147483648
+# A job without a test set has no test loss or accuracy: none is printed.
+job notest "name: \"notest\" vdev: \"b0\"
+model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 4 } } }
+train { synthetic { examples: 256 seed: 3 classes: 4 } } batch_size: 32 epochs: 1"
+expect_ok "a job without a test set runs one epoch" B submit "$T/notest.pb" --watch
+[[ "$LAST_OUT" == *"(no test set)"* ]] && ! grep -qiw nan <<<"$LAST_OUT" &&
+  pass "watch says it has no test set, and prints no nan" || fail "watch without a test set: $LAST_OUT"
+nid=$(echo "$LAST_OUT" | sed -n 's/^job \([0-9]*\) submitted.*/\1/p')
+expect_ok "its status" B status "$nid"
+! grep -qiw nan <<<"$LAST_OUT" && [[ "$LAST_OUT" == *"TEST-ACC"* ]] && pass "its status prints no nan" || fail "status without a test set: $LAST_OUT"
+expect_fail "watch of a job that does not exist" 1 NOT_FOUND B watch 999999
+[[ "$LAST_OUT" != *"lost the daemon"* ]] && pass "it says the job is not found, not that the daemon was lost" ||
+  fail "watch 999999: $LAST_OUT"
 expect_ok "vdev b1 deleted" ctl vdev delete b1
 expect_ok "vdev b2 deleted" ctl vdev delete b2
 mkdir -m 755 "$T/up"
