@@ -503,7 +503,7 @@ static void job_show(const Gpushare__V1__Job *j) {
                                                  "PEAK-MEM", "LOSS-SCALE", "SKIPPED", NULL});
     for (size_t i = 0; i < j->n_epoch; i++) {
       const Gpushare__V1__EpochMetrics *m = j->epoch[i];
-      table_cell(&t, "%" PRIu32, m->epoch);
+      table_cell(&t, m->partial ? "%" PRIu32 " (part)" : "%" PRIu32, m->epoch);
       table_cell(&t, "%.4f", m->train_loss);
       table_cell(&t, "%s", table_fnum("%.4f", m->test_loss));
       table_cell(&t, "%s", table_fnum("%.2f%%", 100.0 * m->test_accuracy));

@@ -252,12 +252,14 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     if (j && j->step) printf(" at step %" PRIu64 "/%" PRIu64, j->step, j->total_steps);
     if (j && j->n_epoch) {
       const Gpushare__V1__EpochMetrics *m = j->epoch[j->n_epoch - 1];
+      /* a partial last epoch: max_steps stopped the job inside it */
+      size_t whole = j->n_epoch - (m->partial ? 1 : 0);
+      if (m->partial) printf(" inside epoch %" PRIu32, m->epoch);
+      else printf(" after %zu epoch%s", whole, whole == 1 ? "" : "s");
       if (isnan(m->test_accuracy))
-        printf(" after %zu epoch%s: train loss %.4f (no test set)", j->n_epoch, j->n_epoch == 1 ? "" : "s",
-               m->train_loss);
+        printf(": train loss %.4f (no test set)", m->train_loss);
       else
-        printf(" after %zu epoch%s: test accuracy %.2f%%, test loss %.4f", j->n_epoch,
-               j->n_epoch == 1 ? "" : "s", 100.0 * m->test_accuracy, m->test_loss);
+        printf(": test accuracy %.2f%%, test loss %.4f", 100.0 * m->test_accuracy, m->test_loss);
     } else if (v.have_acc) {
       printf(": test accuracy %.2f%%", 100.0 * v.acc);
     }

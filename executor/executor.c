@@ -125,6 +125,7 @@ typedef struct job {
   bool progress_sent;
   Gpushare__V1__EpochMetrics *epochs; /* one per epoch end, for Finished */
   size_t n_epochs, cap_epochs;
+  uint64_t epoch_step;     /* the step of the last epoch end this run (0: none) */
   double device_seconds;   /* time on the device this run */
   struct job *next;
 } job;
@@ -706,20 +707,24 @@ static void on_step(void *user, const gs_train_progress *p) {
   send_progress(j, &ev);
 }
 
-static void on_epoch(void *user, const gs_train_epoch *e) {
-  job *j = user;
-  Gpushare__V1__EpochMetrics em = GPUSHARE__V1__EPOCH_METRICS__INIT;
-  em.has_epoch = em.has_train_loss = em.has_test_loss = em.has_test_accuracy = true;
-  em.epoch = e->epoch;
-  em.train_loss = e->train_loss;
-  em.test_loss = e->test_loss;
-  em.test_accuracy = e->test_accuracy;
-  em.has_samples_per_second = em.has_peak_memory_bytes = true;
-  em.samples_per_second = e->samples_per_second;
-  em.peak_memory_bytes = e->peak_memory_bytes;
-  em.has_loss_scale = em.has_skipped_steps = true;
-  em.loss_scale = e->loss_scale;
-  em.skipped_steps = e->skipped_steps;
+/* An epoch's figures as the protocol carries them. */
+static void epoch_metrics(const gs_train_epoch *e, Gpushare__V1__EpochMetrics *em) {
+  *em = (Gpushare__V1__EpochMetrics)GPUSHARE__V1__EPOCH_METRICS__INIT;
+  em->has_epoch = em->has_train_loss = em->has_test_loss = em->has_test_accuracy = true;
+  em->epoch = e->epoch;
+  em->train_loss = e->train_loss;
+  em->test_loss = e->test_loss;
+  em->test_accuracy = e->test_accuracy;
+  em->has_samples_per_second = em->has_peak_memory_bytes = true;
+  em->samples_per_second = e->samples_per_second;
+  em->peak_memory_bytes = e->peak_memory_bytes;
+  em->has_loss_scale = em->has_skipped_steps = true;
+  em->loss_scale = e->loss_scale;
+  em->skipped_steps = e->skipped_steps;
+}
+
+/* Kept for Finished (dropped when out of memory: the events had it). */
+static void epoch_keep(job *j, const Gpushare__V1__EpochMetrics *em) {
   if (j->n_epochs == j->cap_epochs) {
     size_t cap = j->cap_epochs ? 2 * j->cap_epochs : 8;
     Gpushare__V1__EpochMetrics *g = realloc(j->epochs, cap * sizeof *g);
@@ -728,7 +733,35 @@ static void on_epoch(void *user, const gs_train_epoch *e) {
       j->cap_epochs = cap;
     }
   }
-  if (j->n_epochs < j->cap_epochs) j->epochs[j->n_epochs++] = em;
+  if (j->n_epochs < j->cap_epochs) j->epochs[j->n_epochs++] = *em;
+}
+
+/* A job that ended inside an epoch (max_steps): that epoch's figures so
+ * far (train loss over the steps it ran, the test set evaluated at the
+ * last step), marked partial, so its end reports where the model stands. */
+static void epoch_partial(job *j, const gs_train_result *res) {
+  if (res->steps == 0 || res->steps == j->epoch_step) return;
+  gs_train_epoch e = {.epoch = res->epochs_done + 1,
+                      .step = res->steps,
+                      .train_loss = res->train_loss,
+                      .test_loss = res->test_loss,
+                      .test_accuracy = res->test_accuracy,
+                      .samples_per_second = res->samples_per_second,
+                      .peak_memory_bytes = res->peak_memory_bytes,
+                      .loss_scale = res->loss_scale,
+                      .skipped_steps = res->skipped_steps};
+  Gpushare__V1__EpochMetrics em;
+  epoch_metrics(&e, &em);
+  em.has_partial = em.partial = true;
+  epoch_keep(j, &em);
+}
+
+static void on_epoch(void *user, const gs_train_epoch *e) {
+  job *j = user;
+  Gpushare__V1__EpochMetrics em;
+  epoch_metrics(e, &em);
+  epoch_keep(j, &em);
+  j->epoch_step = e->step;
 
   Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
   ev.has_job_id = ev.has_time_unix_ms = ev.has_state = true;
@@ -886,6 +919,7 @@ static void *job_main(void *arg) {
     err_text(&e, reason, sizeof reason);
   } else if (done && !res.cancelled) {
     state = GPUSHARE__V1__JOB_STATE__SUCCEEDED;
+    epoch_partial(j, &res);
     if (s->export_path && s->export_path[0] &&
         gs_train_export_safetensors(t, s->export_path, &e)) {
       state = GPUSHARE__V1__JOB_STATE__FAILED;

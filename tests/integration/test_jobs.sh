@@ -151,6 +151,23 @@ expect_ok "a job without a test set runs one epoch" B submit "$T/notest.pb" --wa
 nid=$(echo "$LAST_OUT" | sed -n 's/^job \([0-9]*\) submitted.*/\1/p')
 expect_ok "its status" B status "$nid"
 ! grep -qiw nan <<<"$LAST_OUT" && [[ "$LAST_OUT" == *"TEST-ACC"* ]] && pass "its status prints no nan" || fail "status without a test set: $LAST_OUT"
+# A job that max_steps stops inside an epoch reports that epoch so far.
+job midway "name: \"midway\" vdev: \"b0\"
+model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 4 } } }
+train { synthetic { examples: 4096 seed: 3 classes: 4 } } test { synthetic { examples: 512 seed: 3 classes: 4 } }
+batch_size: 32 epochs: 3 max_steps: 50"
+expect_ok "a job stopped by max_steps at step 50 of epoch 1's 128" B submit "$T/midway.pb" --watch
+[[ "$LAST_OUT" == *"SUCCEEDED at step 50/50 inside epoch 1: test accuracy "* ]] &&
+  pass "watch's last line gives its test accuracy inside epoch 1" || fail "watch midway: $LAST_OUT"
+mid=$(echo "$LAST_OUT" | sed -n 's/^job \([0-9]*\) submitted.*/\1/p')
+B --json status "$mid" >"$T/midway.json"
+$PY - "$T/midway.json" <<'PY' && pass "its record has epoch 1, partial, with a train loss and a test accuracy" ||
+import json, math, sys
+e = json.load(open(sys.argv[1]))["job"]["epoch"]
+assert len(e) == 1 and e[0]["epoch"] == 1 and e[0]["partial"], e
+assert not math.isnan(float(e[0]["train_loss"])) and 0 <= float(e[0]["test_accuracy"]) <= 1, e
+PY
+  fail "midway's epochs: $(head -c 400 "$T/midway.json")"
 expect_fail "watch of a job that does not exist" 1 NOT_FOUND B watch 999999
 [[ "$LAST_OUT" != *"lost the daemon"* ]] && pass "it says the job is not found, not that the daemon was lost" ||
   fail "watch 999999: $LAST_OUT"

@@ -343,7 +343,13 @@ Test(executor, a_job_reports_progress_and_succeeds_with_an_export, .timeout = 60
   cr_expect_eq(f->state, GPUSHARE__V1__JOB_STATE__SUCCEEDED, "state %d: %s", f->state,
                f->reason ? f->reason : "");
   cr_expect_eq(f->steps, 30);
-  cr_expect_eq(f->n_epoch, 1);
+  /* epoch 1 whole, then max_steps stops it 14 steps into epoch 2 */
+  cr_assert_eq(f->n_epoch, 2);
+  cr_expect(!f->epoch[0]->partial);
+  cr_expect_eq(f->epoch[1]->epoch, 2);
+  cr_expect(f->epoch[1]->partial, "the last epoch is partial");
+  cr_expect(isfinite(f->epoch[1]->train_loss) && f->epoch[1]->train_loss > 0, "loss %f",
+            (double)f->epoch[1]->train_loss);
   cr_expect_gt(f->peak_memory_bytes, 0);
   cr_expect_gt(f->device_seconds, 0);
   cr_expect(!f->interrupted);
