@@ -337,10 +337,16 @@ static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
     return;
   }
   if (f->n_epoch) {
-    for (size_t i = 0; i < r->n_epoch; i++) gpushare__v1__epoch_metrics__free_unpacked(r->epoch[i], NULL);
-    free(r->epoch);
-    r->epoch = NULL;
-    r->n_epoch = 0;
+    /* Finished has this run's epochs; a job resumed after a restart keeps
+     * the ones its record had from before (those of a number this run
+     * reports again are replaced). */
+    uint32_t from = f->epoch[0]->epoch;
+    size_t keep = 0;
+    for (size_t i = 0; i < r->n_epoch; i++) {
+      if (r->epoch[i]->epoch < from) r->epoch[keep++] = r->epoch[i];
+      else gpushare__v1__epoch_metrics__free_unpacked(r->epoch[i], NULL);
+    }
+    r->n_epoch = keep;
     for (size_t i = 0; i < f->n_epoch; i++) gs_job_append_epoch(j, f->epoch[i]);
   }
   if (f->oom) {
