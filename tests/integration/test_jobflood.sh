@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A tenant floods its small vdev with a thousand jobs (a quarter of that
-# under the sanitizers), each on a dataset of its own; another tenant's job trains beside it. What must hold:
+# under the sanitizers), each on a dataset of its own; another tenant's job
+# trains beside it. What must hold:
 #  - only the jobs whose planned peaks and data fit the vdev run; the rest
 #    wait QUEUED and count against max_queued (the submits past it are
 #    refused, naming the quota);
@@ -10,13 +11,11 @@
 #    job;
 #  - the other tenant's job keeps its compute share and its speed: during
 #    the flood its vdev gets at least 40% of the device seconds charged (its
-#    share is half), its steps per device second (core-seconds of its own
-#    threads, as the cpu device charges them) are at least half of what they
-#    are alone (the flood does not slow its steps), and its steps per
-#    second of wall time at least a fifth of its rate alone (an eighth
-#    under the sanitizers; about a third is what equal device seconds give:
-#    its steps use both cores, the flood's one; the rest is slack for a
-#    shared machine).
+#    share is half), and its steps per device second (core-seconds of its
+#    own threads, as the cpu device charges them) are at least half of
+#    what they are alone: the flood does not slow its steps. Both are
+#    ratios within one run, so a busy machine moves them little; its wall
+#    rate, which the machine's other load moves, is printed.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
@@ -29,8 +28,6 @@ if [ "${GS_SANITIZED:-0}" = 1 ]; then
   N=250
   QUEUE=210
 fi
-SLOW=5   # b's wall rate during the flood is at least 1/SLOW of its rate alone
-[ "${GS_SANITIZED:-0}" = 1 ] && SLOW=8   # the hand-overs cost more under the sanitizers
 expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "a may queue $QUEUE jobs, run any number" ctl quota set a --max-queued $QUEUE
@@ -128,9 +125,9 @@ $PY -c "import sys; sys.exit(0 if $b_dev >= 0.4 * ($a_dev + $b_dev) else 1)" &&
 $PY -c "import sys; sys.exit(0 if $during_cpu >= $alone_cpu / 2 else 1)" &&
   pass "b's job did $(printf %.0f "$during_cpu") steps per device second during the flood, $(printf %.0f "$alone_cpu") alone" ||
   fail "b's steps per device second fell from $alone_cpu alone to $during_cpu during the flood"
-$PY -c "import sys; sys.exit(0 if $during >= $alone / $SLOW else 1)" &&
-  pass "b's job ran $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone" ||
-  fail "b's job slowed from $alone steps/s alone to $during during the flood"
+# Its wall rate, for the record: it moves with whatever else the machine
+# runs between the two windows, so it is shown, not checked.
+echo "# b's job: $(printf %.0f "$during") steps/s during the flood, $(printf %.0f "$alone") alone"
 
 stop_daemon
 finish
