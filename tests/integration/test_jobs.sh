@@ -46,7 +46,10 @@ batch_size: 32 epochs: 2 seed: 1 optimizer { adam { learning_rate: 0.001 } }"
   expect_ok "the tenant's datasets were uploaded once" A --json dataset list
   n=$(echo "$LAST_OUT" | json_field "['dataset'].__len__()")
   [ "$n" = 4 ] && pass "4 datasets (images, labels x train, test)" || fail "$n datasets: $LAST_OUT"
-  expect_ok "submit again reuses the uploads" A submit "$T/fashion.pb"
+  # The same files, run long enough that the cancel below finds it running.
+  sed 's/epochs: 2 /epochs: 500 /' "$T/fashion.txtpb" >"$T/fashion_long.txtpb"
+  job fashion_long "$(cat "$T/fashion_long.txtpb")"
+  expect_ok "submit again reuses the uploads" A submit "$T/fashion_long.pb"
   A --json dataset list | json_field "['dataset'].__len__()" | grep -qx 4 && pass "no duplicate uploads" || fail "datasets duplicated"
   id2=$(A --json list | json_field "['job'][-1]['id']")
   expect_ok "cancel the second one" A cancel "$id2"
