@@ -92,6 +92,13 @@ static void vdev_create_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
          v->compute_share, policy_name(v->policy));
 }
 
+static int parse_policy(gpuctl_cli *x, const char *pol, Gpushare__V1__Policy *out) {
+  if (!strcasecmp(pol, "preallocate")) *out = GPUSHARE__V1__POLICY__PREALLOCATE;
+  else if (!strcasecmp(pol, "growth")) *out = GPUSHARE__V1__POLICY__GROWTH;
+  else return cli_usage_error(x, "--policy: \"%s\" is not a policy; expected preallocate or growth", pol);
+  return 0;
+}
+
 int gpuctl_cmd_vdev_create(gpuctl_cli *x, gpuctl_parsed *p) {
   GPUCTL_REQ(req, create_vdev, CREATE_VDEV, Gpushare__V1__CreateVdevRequest, GPUSHARE__V1__CREATE_VDEV_REQUEST__INIT);
   create_vdev_msg.name = (char *)p->pos[0];
@@ -103,14 +110,42 @@ int gpuctl_cmd_vdev_create(gpuctl_cli *x, gpuctl_parsed *p) {
     create_vdev_msg.has_compute_share = 1;
   }
   if (p->nval[3]) {
-    const char *pol = p->val[3][0];
-    if (!strcasecmp(pol, "preallocate")) create_vdev_msg.policy = GPUSHARE__V1__POLICY__PREALLOCATE;
-    else if (!strcasecmp(pol, "growth")) create_vdev_msg.policy = GPUSHARE__V1__POLICY__GROWTH;
-    else return cli_usage_error(x, "--policy: \"%s\" is not a policy; expected preallocate or growth", pol);
+    if (parse_policy(x, p->val[3][0], &create_vdev_msg.policy)) return GPUCTL_EXIT_USAGE;
     create_vdev_msg.has_policy = 1;
   }
   create_vdev_msg.tenant = (char *)p->val[4][0];
   return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_CREATE_VDEV, vdev_create_human);
+}
+
+static void vdev_set_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  const Gpushare__V1__UpdateVdevResponse *u = r->update_vdev;
+  const Gpushare__V1__Vdev *v = u->vdev;
+  if (v)
+    printf("vdev %s: %s, compute %" PRIu32 "%%, %s\n", v->name ? v->name : "?",
+           table_fsize(v->memory_limit), v->compute_share, policy_name(v->policy));
+  for (size_t i = 0; i < u->n_action; i++) printf("  %s\n", u->action[i]);
+  if (v && !u->n_action) printf("  no running job had to change\n");
+}
+
+int gpuctl_cmd_vdev_set(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, update_vdev, UPDATE_VDEV, Gpushare__V1__UpdateVdevRequest, GPUSHARE__V1__UPDATE_VDEV_REQUEST__INIT);
+  update_vdev_msg.name = (char *)p->pos[0];
+  if (p->nval[0]) {
+    if (cli_parse_size(x, "--memory", p->val[0][0], &update_vdev_msg.memory_limit)) return GPUCTL_EXIT_USAGE;
+    update_vdev_msg.has_memory_limit = 1;
+  }
+  if (p->nval[1]) {
+    if (cli_parse_u32(x, "--compute", p->val[1][0], 1, 100, &update_vdev_msg.compute_share)) return GPUCTL_EXIT_USAGE;
+    update_vdev_msg.has_compute_share = 1;
+  }
+  if (p->nval[2]) {
+    if (parse_policy(x, p->val[2][0], &update_vdev_msg.policy)) return GPUCTL_EXIT_USAGE;
+    update_vdev_msg.has_policy = 1;
+  }
+  if (!p->nval[0] && !p->nval[1] && !p->nval[2])
+    return cli_usage_error(x, "vdev set: nothing to change; give --memory, --compute or --policy");
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_UPDATE_VDEV, vdev_set_human);
 }
 
 static void vdev_list_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {

@@ -496,6 +496,12 @@ static void job_show(const Gpushare__V1__Job *j) {
   if (j->planned_peak_bytes) printf("planned peak: %s\n", table_fsize(j->planned_peak_bytes));
   if (j->data_bytes) printf("data:         %s on the host, charged to the vdev\n", table_fsize(j->data_bytes));
   if (j->restarts) printf("restarts:     %" PRIu32 " (executor deaths it lived through)\n", j->restarts);
+  if (j->spec && !j->spec->preemptible) printf("preemptible:  no\n");
+  if (j->preemptions)
+    printf("preempted:    %" PRIu32 " time%s, last %s\n", j->preemptions, j->preemptions == 1 ? "" : "s",
+           table_ftime(j->last_preempted_unix));
+  if (j->oom_retries)
+    printf("OOMs:         %" PRIu32 " come back from (requeued or re-planned)\n", j->oom_retries);
   if (j->n_epoch) {
     printf("\n");
     table t = {0};

@@ -39,6 +39,12 @@ static const gpuctl_flag vdev_create_flags[] = {
     {"--tenant", NULL, "T", 0, 1, "the tenant the vdev belongs to"},
     {0}};
 
+static const gpuctl_flag vdev_set_flags[] = {
+    {"--memory", NULL, "SIZE", 0, 0, "new memory limit, e.g. 8GiB"},
+    {"--compute", NULL, "PCT", 0, 0, "new compute share in percent of the device, 1..100"},
+    {"--policy", NULL, "preallocate|growth", 0, 0, "new policy (applies once the vdev's jobs end)"},
+    {0}};
+
 static const gpuctl_flag tenant_create_flags[] = {
     {"--uid", NULL, "U", 1, 0, "a member user id (repeatable)"},
     {"--gid", NULL, "G", 1, 0, "a member group id, supplementary groups included (repeatable)"},
@@ -74,6 +80,15 @@ static const gpuctl_command commands[] = {
     {"vdev create", "NAME", 1, 1, "create a virtual device (admin)", vdev_create_flags, gpuctl_cmd_vdev_create, NULL},
     {"vdev list", "", 0, 0, "list virtual devices", no_flags, gpuctl_cmd_vdev_list, NULL},
     {"vdev delete", "NAME", 1, 1, "delete a virtual device (admin)", no_flags, gpuctl_cmd_vdev_delete, NULL},
+    {"vdev set", "NAME", 1, 1, "change a virtual device while its jobs run (admin)", vdev_set_flags, gpuctl_cmd_vdev_set,
+     "A larger --memory takes effect at once and starts queued jobs that now fit.\n"
+     "A smaller one is refused when the vdev's running jobs could not fit it even at\n"
+     "micro-batch 1; otherwise each running job that no longer fits stops at its next\n"
+     "step boundary with a checkpoint and either resumes at once with a smaller\n"
+     "micro-batch and more accumulation steps (auto_fit: the effective batch is\n"
+     "kept) or waits PREEMPTED until it fits. The allocator takes the new limit once\n"
+     "what is in use fits under it, so the limit is never passed. The lines after\n"
+     "the vdev say what became of each job.\n"},
     {"tenant create", "NAME", 1, 1, "create a tenant with members and a quota (admin)", tenant_create_flags,
      gpuctl_cmd_tenant_create, NULL},
     {"tenant list", "", 0, 0, "list tenants, their quotas and usage", no_flags, gpuctl_cmd_tenant_list, NULL},

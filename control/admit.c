@@ -316,6 +316,57 @@ int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_v
   return 0;
 }
 
+/* Admission of spec run with micro-batch m and accumulation acc, auto-fit off. */
+static int admit_at(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t data_bytes,
+                    uint32_t m, uint32_t acc, gs_admit *out, gs_err *e) {
+  Gpushare__V1__JobSpec sp = *spec;
+  sp.has_batch_size = sp.has_accumulation_steps = sp.has_auto_fit = 1;
+  sp.batch_size = m;
+  sp.accumulation_steps = acc;
+  sp.auto_fit = 0;
+  gs_call_arena a = {0};
+  int rc = gs_admit_job(&a, &sp, v, data_bytes, out, e);
+  out->plan = NULL; /* lived in the arena */
+  gs_call_arena_free(&a);
+  return rc;
+}
+
+int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t limit,
+                    uint64_t data_bytes, uint32_t micro, uint32_t accum, bool below,
+                    gs_admit *out, gs_err *e) {
+  memset(out, 0, sizeof *out);
+  uint64_t eff = (uint64_t)micro * accum;
+  gs_vdev at = *v;
+  at.memory_limit = limit;
+  for (uint32_t m = below ? micro - 1 : micro; m >= 1 && m <= micro; m--) {
+    if (eff % m || eff / m > UINT32_MAX) continue;
+    int rc = admit_at(spec, &at, data_bytes, m, (uint32_t)(eff / m), out, e);
+    if (rc < 0) return rc;
+    if (out->fits) {
+      out->chosen = m != micro;
+      return 0;
+    }
+  }
+  out->fits = false;
+  return 0;
+}
+
+int gs_admit_least_peak(const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
+                        uint64_t *peak, gs_err *e) {
+  uint64_t eff = (uint64_t)micro * accum;
+  if (eff > UINT32_MAX) eff = UINT32_MAX;
+  gs_vdev v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "%s", "plan");
+  snprintf(v.device, sizeof v.device, "%s", "cpu");
+  v.memory_limit = UINT64_MAX / 2;
+  v.policy = 1; /* GROWTH */
+  gs_admit out;
+  int rc = admit_at(spec, &v, 0, 1, (uint32_t)eff, &out, e);
+  *peak = out.peak_bytes;
+  return rc;
+}
+
 int gs_admit_idx_check(const char *path, const char *name, gs_err *e) {
   char what[GS_NAME_MAX + 16];
   snprintf(what, sizeof what, "dataset %s", name);

@@ -44,6 +44,19 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
  * refused, out->why says why), or -1 with e. */
 int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
                  uint64_t data_bytes, gs_admit *out, gs_err *e);
+/* A new micro-batch for a job that runs with micro x accum: the largest
+ * micro-batch that divides the effective batch (micro x accum, which it
+ * keeps), is at most micro (below it when `below`), and whose plan fits
+ * `limit` bytes of v (v's policy and device; data_bytes of the job's
+ * datasets as gs_admit_job counts them). 0 with out filled (out->fits
+ * false when none fits; out->plan is NULL), or a negative errno with e. */
+int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t limit,
+                    uint64_t data_bytes, uint32_t micro, uint32_t accum, bool below,
+                    gs_admit *out, gs_err *e);
+/* The planned peak of spec run with micro-batch 1 (accumulation raised to
+ * keep its effective batch micro x accum): the least it can hold. */
+int gs_admit_least_peak(const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
+                        uint64_t *peak, gs_err *e);
 /* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
  * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
 int gs_admit_idx_check(const char *path, const char *name, gs_err *e);

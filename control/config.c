@@ -84,6 +84,9 @@ static const struct gs_config__key gs_config__keys[] = {
     GS_K(max_upload, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
     GS_K(max_tenant_datasets, GS_CONFIG__SIZE, 1, UINT64_MAX, 1),
     GS_K(max_job_spec, GS_CONFIG__SIZE, GS_CONFIG_SPEC_MIN, GS_CONFIG_FRAME_MAX, 1),
+    GS_K(preempt_min_run_s, GS_CONFIG__UINT, 0, 31536000, 1),
+    GS_K(preempt_interval_s, GS_CONFIG__UINT, 0, 31536000, 1),
+    GS_K(oom_retries, GS_CONFIG__UINT, 0, 100, 1),
     GS_K(log_level, GS_CONFIG__LEVEL, 0, 0, 1),
 };
 #define GS_CONFIG__NKEYS (sizeof gs_config__keys / sizeof gs_config__keys[0])
@@ -117,6 +120,9 @@ void gs_config_defaults(gs_config *c) {
   c->max_upload = GS_CONFIG_GIB;
   c->max_tenant_datasets = 16 * GS_CONFIG_GIB;
   c->max_job_spec = GS_CONFIG_MIB;
+  c->preempt_min_run_s = 60;
+  c->preempt_interval_s = 300;
+  c->oom_retries = 3;
   snprintf(c->log_level, sizeof c->log_level, "%s", "info");
 }
 

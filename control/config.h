@@ -60,6 +60,9 @@ typedef struct gs_config {
   uint64_t max_tenant_datasets; /* bytes of one tenant's datasets in all (each content once);
                                    default 16 GiB */
   uint64_t max_job_spec;     /* packed JobSpec of a submit or plan request; default 1 MiB */
+  unsigned preempt_min_run_s; /* a run younger than this is not preempted; default 60 */
+  unsigned preempt_interval_s; /* nor a job preempted less than this ago; default 300 */
+  unsigned oom_retries;      /* run-time OOMs an auto_fit job comes back from; default 3 */
   char log_level[16];        /* error|warn|info|debug, default info */
 } gs_config;
 

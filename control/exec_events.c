@@ -12,12 +12,15 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/size.h"
+#include "control/admit.h"
 #include "control/datasets.h"
 #include "control/log.h"
 #include "control/sched.h"
@@ -29,6 +32,13 @@
  * second, and storing each, with its fsync and a record that grows with
  * every epoch, stalled the loop for half a minute (test_limits saw it). */
 #define GS_EPOCH_SAVE_MS 1000
+
+/* Why a job was paused (gs_job.pause_kind). */
+enum {
+  PAUSE_PREEMPT = 1, /* for a higher-priority job: PREEMPTED, resumes when it fits */
+  PAUSE_REPLAN,      /* its vdev shrank, auto_fit: resumes at once, smaller micro-batch */
+  PAUSE_REQUEUE,     /* its vdev shrank, no auto_fit: PREEMPTED, resumes when it fits */
+};
 
 typedef struct vdev_live {
   char name[GS_NAME_MAX + 1];
@@ -98,6 +108,40 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
   j->resume_pending = false;
 }
 
+/* Ask j's executor to stop it at its next step boundary with a checkpoint. */
+static void pause_job(gs_daemon *d, gs_job *j, int kind, const char *why) {
+  if (j->placed < 0 || j->pausing) return;
+  Gpushare__Exec__V1__PauseJob pj = GPUSHARE__EXEC__V1__PAUSE_JOB__INIT;
+  pj.has_job_id = 1;
+  pj.job_id = j->rec->id;
+  pj.reason = (char *)why;
+  Gpushare__Exec__V1__ToExecutor m = GPUSHARE__EXEC__V1__TO_EXECUTOR__INIT;
+  m.msg_case = GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_PAUSE;
+  m.pause = &pj;
+  if (gs_supervisor_send(exec_of(d, (size_t)j->placed), &m) < 0) return;
+  j->pausing = true;
+  j->pause_kind = kind;
+  gs_info("job %" PRIu64 ": %s", j->rec->id, why);
+  Gpushare__V1__JobEvent ev;
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s; stopping at its next step boundary", why);
+  gs_job_state_event(j, &ev, msg);
+  gs_job_log_event(d, j, &ev);
+  gs_job_publish(d, j, &ev, false);
+}
+
+/* The scheduler chose j to make room for `by`. */
+static void preempt(gs_daemon *d, gs_job *j, const gs_job *by) {
+  if (!j || !by) return;
+  char why[512], peak[32];
+  snprintf(why, sizeof why,
+           "preempted by job %" PRIu64 " (%s, priority %" PRId32 " over its %" PRId32
+           "), which needs %s of vdev %s",
+           by->rec->id, by->rec->name ? by->rec->name : "", by->rec->priority, j->rec->priority,
+           gs_size_format(by->rec->planned_peak_bytes, peak, sizeof peak), j->rec->vdev);
+  pause_job(d, j, PAUSE_PREEMPT, why);
+}
+
 static bool vdev_ready(gs_daemon *d, const gs_vdev *v, size_t *dev) {
   *dev = device_of_vdev(d, v->device);
   gs_executor *x = *dev == SIZE_MAX ? NULL : exec_of(d, *dev);
@@ -143,11 +187,12 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
     sv[v] = (gs_sched_vdev){vdevs[v].name, vdevs[v].memory_limit, vdev_ready(d, &vdevs[v], &dev),
                             gs_device_data_in_memory(vdevs[v].device)};
   }
+  uint64_t now_ms = gs_job_now_ms();
   for (uint64_t i = 0; i < J->cap; i++) {
     gs_job *j = J->by_id[i];
-    if (!j || (j->rec->state != GPUSHARE__V1__JOB_STATE__QUEUED &&
-               j->rec->state != GPUSHARE__V1__JOB_STATE__RUNNING))
+    if (!j || (!gs_job_waiting(j->rec->state) && j->rec->state != GPUSHARE__V1__JOB_STATE__RUNNING))
       continue;
+    if (gs_job_waiting(j->rec->state) && j->retry_after_ms > now_ms) continue; /* backing off */
     jobs[nj++] = (gs_sched_job){
         .id = j->rec->id,
         .tenant = j->rec->tenant,
@@ -158,9 +203,21 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
         .submitted = j->rec->submitted_unix,
         .planned_peak = j->rec->planned_peak_bytes,
         .data_bytes = j->rec->data_bytes,
-        .data_key = j->data_key};
+        .data_key = j->data_key,
+        .preemptible = j->rec->spec->preemptible,
+        .run_started = j->rec->run_started_unix,
+        .last_preempted = j->rec->last_preempted_unix,
+        .stopping = j->pausing};
   }
-  gs_sched_input in = {jobs, nj, sv, nv, quotas, nt};
+  gs_sched_input in = {jobs,
+                       nj,
+                       sv,
+                       nv,
+                       quotas,
+                       nt,
+                       (int64_t)(now_ms / 1000),
+                       d->cfg.preempt_min_run_s,
+                       d->cfg.preempt_interval_s};
   if (gs_sched_run(&in, out, &n_out, &e) < 0) {
     gs_error("scheduler: %s", e.msg);
     goto done;
@@ -168,6 +225,10 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
   for (size_t k = 0; k < n_out; k++) {
     gs_job *j = gs_job_get(d, out[k].job);
     if (!j) continue;
+    if (out[k].why == GS_SCHED_PREEMPT) {
+      preempt(d, j, gs_job_get(d, out[k].for_job));
+      continue;
+    }
     if (out[k].why != GS_SCHED_START) {
       gs_debug("job %" PRIu64 " %s", out[k].job, gs_sched_reason_text(out[k].why));
       continue;
@@ -177,8 +238,12 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
       if (!strcmp(vdevs[x].name, out[k].vdev)) v = &vdevs[x];
     size_t dev = device_of_vdev(d, v->device);
     gs_job_set_str(&j->rec->device, v->device);
-    gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__RUNNING, NULL);
-    exec_send_start(d, j, dev, false);
+    bool resume = j->rec->resume; /* preempted or requeued: from its checkpoint */
+    j->rec->has_resume = 1;
+    j->rec->resume = 0;
+    gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__RUNNING,
+                      resume ? "resuming from its checkpoint" : NULL);
+    exec_send_start(d, j, dev, resume);
     if (gs_job_final(j->rec->state)) failed++;
   }
 done:
@@ -270,6 +335,155 @@ void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who) {
   }
 }
 
+void gs_exec_events_tick(gs_daemon *d) {
+  gs_jobs *J = d->jobs;
+  if (!J) return;
+  uint64_t now = gs_job_now_ms();
+  bool due = false;
+  for (uint64_t i = 0; i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (j && j->retry_after_ms && j->retry_after_ms <= now) {
+      j->retry_after_ms = 0;
+      due = true;
+    }
+  }
+  if (due) gs_exec_events_schedule(d);
+}
+
+/* ---------------------------------------------------------------- resize --- */
+
+static bool runs_in(const gs_job *j, const char *vdev) {
+  return j && j->rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && !strcmp(j->rec->vdev, vdev);
+}
+
+int gs_exec_events_least_memory(gs_daemon *d, const gs_vdev *v, uint64_t *least, gs_err *e) {
+  gs_jobs *J = d->jobs;
+  bool in_memory = gs_device_data_in_memory(v->device);
+  *least = 0;
+  for (uint64_t i = 0; J && i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (!runs_in(j, v->name)) continue;
+    uint64_t peak;
+    if (gs_admit_least_peak(j->rec->spec, j->rec->micro_batch, j->rec->accumulation_steps, &peak,
+                            e) < 0)
+      return gs_err_rc(e);
+    *least += peak + (in_memory ? j->rec->data_bytes : 0);
+  }
+  return 0;
+}
+
+static void action_add(char ***actions, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void action_add(char ***actions, size_t *n, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  gs_info("%s", buf);
+  char **p = realloc(*actions, (*n + 1) * sizeof *p);
+  if (!p) return;
+  *actions = p;
+  if ((p[*n] = strdup(buf))) (*n)++;
+}
+
+void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev *nv,
+                                 char ***actions, size_t *n_actions) {
+  gs_jobs *J = d->jobs;
+  *actions = NULL;
+  *n_actions = 0;
+  size_t n = 0;
+  for (uint64_t i = 0; J && i < J->cap; i++) n += runs_in(J->by_id[i], nv->name);
+  gs_sched_job *sj = n ? calloc(n, sizeof *sj) : NULL;
+  gs_job **jj = n ? calloc(n, sizeof *jj) : NULL;
+  bool *keep = n ? calloc(n, sizeof *keep) : NULL;
+  gs_err e;
+  gs_err_clear(&e);
+  char was[32], now[32];
+  gs_size_format(old->memory_limit, was, sizeof was);
+  gs_size_format(nv->memory_limit, now, sizeof now);
+  if (n && sj && jj && keep && nv->memory_limit < old->memory_limit) {
+    size_t k = 0;
+    for (uint64_t i = 0; i < J->cap; i++) {
+      gs_job *j = J->by_id[i];
+      if (!runs_in(j, nv->name)) continue;
+      jj[k] = j;
+      sj[k++] = (gs_sched_job){.id = j->rec->id,
+                               .tenant = j->rec->tenant,
+                               .vdev = j->rec->vdev,
+                               .state = GS_SCHED_RUNNING,
+                               .priority = j->rec->priority,
+                               .planned_peak = j->pausing && j->pause_kind == PAUSE_REPLAN
+                                                   ? j->replan_peak
+                                                   : j->rec->planned_peak_bytes,
+                               .data_bytes = j->rec->data_bytes,
+                               .data_key = j->data_key,
+                               .run_started = j->rec->run_started_unix};
+    }
+    gs_sched_vdev sv = {nv->name, nv->memory_limit, true, gs_device_data_in_memory(nv->device)};
+    if (gs_sched_shrink(sj, n, &sv, keep, &e) == 0) {
+      /* What the kept jobs leave is where the re-planned ones must fit. */
+      uint64_t room = nv->memory_limit;
+      for (size_t k2 = 0; k2 < n; k2++) {
+        if (!keep[k2]) continue;
+        uint64_t held = sj[k2].planned_peak + (sv.data_in_memory ? sj[k2].data_bytes : 0);
+        room = held < room ? room - held : 0;
+      }
+      for (size_t k2 = 0; k2 < n; k2++) {
+        gs_job *j = jj[k2];
+        if (keep[k2] || j->pausing) continue;
+        const Gpushare__V1__Job *r = j->rec;
+        char why[600], need[32];
+        gs_size_format(r->planned_peak_bytes, need, sizeof need);
+        gs_admit a;
+        memset(&a, 0, sizeof a);
+        uint64_t data = sv.data_in_memory ? r->data_bytes : 0;
+        if (r->spec->has_auto_fit && r->spec->auto_fit &&
+            gs_admit_replan(r->spec, nv, room, r->data_bytes, r->micro_batch,
+                            r->accumulation_steps, false, &a, &e) == 0 &&
+            a.fits) {
+          j->replan_micro = a.micro_batch;
+          j->replan_accum = a.accumulation_steps;
+          j->replan_peak = a.peak_bytes;
+          room -= a.peak_bytes + data < room ? a.peak_bytes + data : room;
+          snprintf(why, sizeof why,
+                   "vdev %s shrunk from %s to %s: its plan at micro-batch %" PRIu32
+                   " (%s, and its data) no longer fits there beside the vdev's other jobs",
+                   nv->name, was, now, r->micro_batch, need);
+          pause_job(d, j, PAUSE_REPLAN, why);
+          action_add(actions, n_actions,
+                     "job %" PRIu64 ": re-planned from micro-batch %" PRIu32 " x %" PRIu32
+                     " to %" PRIu32 " x %" PRIu32 " (auto_fit); it resumes from a checkpoint "
+                     "at its next step boundary",
+                     r->id, r->micro_batch, r->accumulation_steps, a.micro_batch,
+                     a.accumulation_steps);
+        } else {
+          snprintf(why, sizeof why,
+                   "vdev %s shrunk from %s to %s: its plan (%s at micro-batch %" PRIu32
+                   ", and its data) no longer fits there beside the vdev's other jobs%s",
+                   nv->name, was, now, need, r->micro_batch,
+                   r->spec->has_auto_fit && r->spec->auto_fit
+                       ? ", even at a smaller micro-batch"
+                       : " and the job has no auto_fit");
+          pause_job(d, j, PAUSE_REQUEUE, why);
+          action_add(actions, n_actions,
+                     "job %" PRIu64 ": checkpointed and requeued PREEMPTED (%s); it resumes "
+                     "when it fits",
+                     r->id,
+                     r->spec->has_auto_fit && r->spec->auto_fit ? "no smaller micro-batch fits"
+                                                                : "no auto_fit");
+        }
+      }
+    } else {
+      gs_error("resize of vdev %s: %s", nv->name, e.msg);
+    }
+  }
+  free(sj);
+  free(jj);
+  free(keep);
+  gs_exec_events_vdevs_changed(d);
+}
+
 /* ------------------------------------------------------ executor events --- */
 
 static void on_ready(gs_daemon *d, gs_executor *x) {
@@ -319,6 +533,104 @@ static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
   gs_job_publish(d, j, &out, false);
 }
 
+static const char *oom_cause_name(int c) {
+  return c == GPUSHARE__V1__OOM_CAUSE__PHYSICAL        ? "PHYSICAL"
+         : c == GPUSHARE__V1__OOM_CAUSE__FRAGMENTATION ? "FRAGMENTATION"
+                                                       : "QUOTA";
+}
+
+/* A paused job (PauseJob) reported its stop: re-planned ones resume at
+ * once with their new micro-batch, the others wait PREEMPTED. */
+static void on_paused(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Finished *f, int kind) {
+  Gpushare__V1__Job *r = j->rec;
+  const char *why = f->reason && *f->reason ? f->reason : "paused";
+  if (kind == PAUSE_REPLAN) {
+    char msg[1400], peak[32];
+    snprintf(msg, sizeof msg,
+             "%s; resuming with micro-batch %" PRIu32 " x %" PRIu32
+             " accumulation steps (effective batch %" PRIu64 " kept), planned peak %s",
+             why, j->replan_micro, j->replan_accum,
+             (uint64_t)j->replan_micro * j->replan_accum,
+             gs_size_format(j->replan_peak, peak, sizeof peak));
+    r->micro_batch = j->replan_micro;
+    r->accumulation_steps = j->replan_accum;
+    r->planned_peak_bytes = j->replan_peak;
+    j->resume_pending = true;
+    gs_job_persist(d, j);
+    gs_info("job %" PRIu64 ": %s", r->id, msg);
+    Gpushare__V1__JobEvent ev;
+    gs_job_state_event(j, &ev, msg);
+    gs_job_log_event(d, j, &ev);
+    gs_job_publish(d, j, &ev, false);
+    return;
+  }
+  r->has_preemptions = r->has_last_preempted_unix = r->has_resume = 1;
+  r->preemptions++;
+  r->last_preempted_unix = (int64_t)(gs_job_now_ms() / 1000);
+  r->resume = 1;
+  gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__PREEMPTED, why);
+}
+
+/* A run-time OOM: come back from it where the rule says (sched.c's
+ * gs_sched_oom_decide). True when the job was requeued. */
+static bool oom_comeback(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Finished *f) {
+  Gpushare__V1__Job *r = j->rec;
+  const Gpushare__V1__JobSpec *sp = r->spec;
+  int cause = f->oom->has_cause ? (int)f->oom->cause : GPUSHARE__V1__OOM_CAUSE__QUOTA;
+  gs_sched_oom_in in = {.cause = cause,
+                        .auto_fit = sp->has_auto_fit && sp->auto_fit,
+                        .requeue = sp->has_on_oom && sp->on_oom == GPUSHARE__V1__OOM_ACTION__OOM_REQUEUE,
+                        .retries = r->oom_retries,
+                        .max_retries = d->cfg.oom_retries,
+                        .micro_batch = r->micro_batch};
+  gs_sched_oom act = gs_sched_oom_decide(&in);
+  if (act == GS_SCHED_OOM_FAIL) return false;
+  char reason[1400];
+  uint64_t now = gs_job_now_ms();
+  if (act == GS_SCHED_OOM_SMALLER) {
+    gs_err e;
+    gs_err_clear(&e);
+    gs_vdev v;
+    gs_admit a;
+    if (gs_store_vdev_get(d->store, r->vdev, &v, &e) < 0 ||
+        gs_admit_replan(sp, &v, v.memory_limit, r->data_bytes, r->micro_batch,
+                        r->accumulation_steps, true, &a, &e) < 0 ||
+        !a.fits)
+      return false;
+    snprintf(reason, sizeof reason,
+             "run-time OOM (%s) at micro-batch %" PRIu32 ": resuming from its last checkpoint "
+             "with micro-batch %" PRIu32 " x %" PRIu32
+             " accumulation steps (effective batch %" PRIu64 " kept); comeback %" PRIu32
+             " of %u",
+             oom_cause_name(cause), r->micro_batch, a.micro_batch, a.accumulation_steps,
+             (uint64_t)a.micro_batch * a.accumulation_steps, r->oom_retries + 1,
+             d->cfg.oom_retries);
+    r->micro_batch = a.micro_batch;
+    r->accumulation_steps = a.accumulation_steps;
+    r->planned_peak_bytes = a.peak_bytes;
+    j->retry_after_ms = 0;
+  } else {
+    uint32_t n = r->oom_retries + 1;
+    uint64_t wait_s = 5 * (uint64_t)(n < 12 ? n : 12);
+    if (cause == GPUSHARE__V1__OOM_CAUSE__PHYSICAL)
+      snprintf(reason, sizeof reason,
+               "run-time OOM (PHYSICAL): device %s is held by other vdevs; requeued to resume "
+               "from its last checkpoint when the memory is there (next try in %" PRIu64 " s)",
+               r->device ? r->device : "?", wait_s);
+    else
+      snprintf(reason, sizeof reason,
+               "run-time OOM (%s): requeued as its spec asks (on_oom: OOM_REQUEUE) to resume "
+               "from its last checkpoint in %" PRIu64 " s; try %" PRIu32 " of %u",
+               oom_cause_name(cause), wait_s, n, d->cfg.oom_retries);
+    j->retry_after_ms = now + wait_s * 1000;
+  }
+  r->has_oom_retries = r->has_resume = 1;
+  r->oom_retries++;
+  r->resume = 1;
+  gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__QUEUED, reason);
+  return true;
+}
+
 static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
   gs_job *j = gs_job_get(d, f->job_id);
   if (!j) return;
@@ -357,8 +669,20 @@ static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
     if (r->timeline) gpushare__v1__memory_timeline__free_unpacked(r->timeline, NULL);
     r->timeline = gs_job_msg_dup(&f->timeline->base);
   }
+  int kind = j->pausing ? j->pause_kind : PAUSE_PREEMPT;
+  j->pausing = false;
+  if (f->paused && !j->cancel_requested && !gs_job_final(r->state)) {
+    on_paused(d, j, f, kind);
+    gs_exec_events_schedule(d);
+    return;
+  }
   Gpushare__V1__JobState st = f->has_state ? f->state : GPUSHARE__V1__JOB_STATE__FAILED;
   if (!gs_job_final(st)) st = GPUSHARE__V1__JOB_STATE__FAILED;
+  if (st == GPUSHARE__V1__JOB_STATE__FAILED && f->oom && !j->cancel_requested &&
+      !gs_job_final(r->state) && oom_comeback(d, j, f)) {
+    gs_exec_events_schedule(d);
+    return;
+  }
   if (j->cancel_requested && st == GPUSHARE__V1__JOB_STATE__CANCELLED) {
     /* Who cancelled (kept since the request) and where it stopped. */
     char reason[1024];
@@ -437,6 +761,13 @@ static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned)
     gs_job *j = J->by_id[i];
     if (!j || j->placed != (int)dev) continue;
     j->placed = -1;
+    if (j->pausing && j->pause_kind == PAUSE_REPLAN) {
+      /* Its vdev shrank: whatever it resumes from, it resumes re-planned. */
+      j->rec->micro_batch = j->replan_micro;
+      j->rec->accumulation_steps = j->replan_accum;
+      j->rec->planned_peak_bytes = j->replan_peak;
+    }
+    j->pausing = false;
     if (planned) {
       j->resume_pending = true; /* it keeps its checkpoint; resumes at start */
       continue;

@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "control/daemon.h"
 #include "control/job.h"
+#include "control/store.h"
 
 /* What a device's executor last reported of a vdev. */
 typedef struct gs_vdev_live {
@@ -46,6 +47,23 @@ void gs_exec_events_vdevs_changed(gs_daemon *d);
 /* Cancel a job that has not ended: a placed one is asked to stop at its
  * next step (and ends when its executor says so), any other ends now. */
 void gs_exec_events_cancel(gs_daemon *d, gs_job *j, const char *who);
+/* Called once a second: runs the queues when a job requeued after an OOM
+ * may start again. */
+void gs_exec_events_tick(gs_daemon *d);
+
+/* The least vdev v's running jobs can hold: their peaks at micro-batch 1
+ * and their datasets (on the cpu device). 0 with *least, or a negative
+ * errno with e set. */
+int gs_exec_events_least_memory(gs_daemon *d, const gs_vdev *v, uint64_t *least, gs_err *e);
+/* Vdev old became nv (stored already): the running jobs that no longer
+ * fit nv's limit (sched.c's gs_sched_shrink) are paused at their next step
+ * boundary, auto_fit ones to resume at once with a smaller micro-batch,
+ * the others requeued PREEMPTED; then the executors hear of the change and
+ * the queues run (a larger vdev starts what now fits). One line per job
+ * acted on goes to actions (each owned by the caller, freed with free()):
+ * *n_actions of them. */
+void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev *nv,
+                                 char ***actions, size_t *n_actions);
 
 /* A vdev's live figures as its executor last reported (0s when idle). */
 void gs_exec_events_vdev_live(const gs_daemon *d, const char *vdev, gs_vdev_live *out);

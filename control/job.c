@@ -34,19 +34,29 @@ uint64_t gs_job_now_ms(void) {
 }
 
 const char *gs_job_state_name(int s) {
-  static const char *const n[] = {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"};
-  return s >= 0 && s < 5 ? n[s] : "UNKNOWN";
+  static const char *const n[] = {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED",
+                                  "PREEMPTED"};
+  return s >= 0 && s < GS_JOB_STATES ? n[s] : "UNKNOWN";
 }
 
-bool gs_job_final(int s) { return s >= GPUSHARE__V1__JOB_STATE__SUCCEEDED; }
+bool gs_job_final(int s) {
+  return s == GPUSHARE__V1__JOB_STATE__SUCCEEDED || s == GPUSHARE__V1__JOB_STATE__FAILED ||
+         s == GPUSHARE__V1__JOB_STATE__CANCELLED;
+}
+
+bool gs_job_waiting(int s) {
+  return s == GPUSHARE__V1__JOB_STATE__QUEUED || s == GPUSHARE__V1__JOB_STATE__PREEMPTED;
+}
 
 bool gs_job_legal(int from, int to) {
   switch (from) {
   case GPUSHARE__V1__JOB_STATE__QUEUED:
+  case GPUSHARE__V1__JOB_STATE__PREEMPTED:
     return to == GPUSHARE__V1__JOB_STATE__RUNNING || to == GPUSHARE__V1__JOB_STATE__CANCELLED;
   case GPUSHARE__V1__JOB_STATE__RUNNING:
     return to == GPUSHARE__V1__JOB_STATE__SUCCEEDED || to == GPUSHARE__V1__JOB_STATE__FAILED ||
-           to == GPUSHARE__V1__JOB_STATE__CANCELLED;
+           to == GPUSHARE__V1__JOB_STATE__CANCELLED || to == GPUSHARE__V1__JOB_STATE__PREEMPTED ||
+           to == GPUSHARE__V1__JOB_STATE__QUEUED;
   default:
     return false; /* final */
   }
@@ -288,6 +298,10 @@ int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const 
     r->has_started_unix = 1;
     r->started_unix = now;
   }
+  if (st == GPUSHARE__V1__JOB_STATE__RUNNING) {
+    r->has_run_started_unix = 1;
+    r->run_started_unix = now;
+  }
   if (gs_job_final(st)) {
     r->has_finished_unix = 1;
     r->finished_unix = now;
@@ -417,7 +431,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
     if (rec->state == GPUSHARE__V1__JOB_STATE__RUNNING && !cancelled) {
       j->resume_pending = true;
       resumed++;
-    } else if (rec->state == GPUSHARE__V1__JOB_STATE__QUEUED) {
+    } else if (gs_job_waiting(rec->state)) {
       queued++;
     }
     if (job_put(d, j) < 0) {

@@ -14,8 +14,12 @@
  * is held, and gs_jobs_save_pending writes the record again each second
  * until it is stored and the held events go out.
  *
- *   QUEUED  -> RUNNING | CANCELLED
- *   RUNNING -> SUCCEEDED | FAILED | CANCELLED
+ *   QUEUED    -> RUNNING | CANCELLED
+ *   RUNNING   -> SUCCEEDED | FAILED | CANCELLED
+ *              | PREEMPTED (stopped with a checkpoint for a higher-priority
+ *                job or a shrunk vdev; resumes when it fits again)
+ *              | QUEUED (a run-time OOM it is to come back from)
+ *   PREEMPTED -> RUNNING | CANCELLED
  *   SUCCEEDED, FAILED, CANCELLED: final
  *
  * A job accepted is a job kept: submit writes the job (QUEUED) in one store
@@ -32,6 +36,8 @@
 #include "common/error.h"
 #include "control/daemon.h"
 #include "proto/gpushare.pb-c.h"
+
+#define GS_JOB_STATES 6 /* gpushare.v1.JobState values, QUEUED .. PREEMPTED */
 
 /* A job's state as the store holds it, kept while the record in memory
  * has moved past it and could not be written yet (disk full, I/O error):
@@ -68,6 +74,12 @@ typedef struct gs_job {
   size_t n_held;
   uint64_t data_key;       /* hash of what its datasets are loaded from (train, test,
                             * model input): one key, one copy in the executor */
+  bool pausing;            /* PauseJob sent: it stops at its next step boundary */
+  int pause_kind;          /* why (exec_events.c): preempted, re-planned, requeued */
+  uint32_t replan_micro;   /* re-planned: the micro-batch and accumulation it */
+  uint32_t replan_accum;   /* resumes with, and their planned peak */
+  uint64_t replan_peak;
+  uint64_t retry_after_ms; /* requeued after an OOM: not started before (gs_job_now_ms) */
 } gs_job;
 
 /* Told of every event of every job, after it is stored; `final` when the
@@ -79,7 +91,7 @@ struct gs_jobs {
   gs_job **by_id;          /* index = job id (ids are dense, from the store) */
   uint64_t cap;
   uint64_t submitted;      /* since start */
-  uint64_t finished[5];    /* since start, by final state */
+  uint64_t finished[GS_JOB_STATES]; /* since start, by final state */
   uint64_t unsaved;        /* jobs whose record the store does not hold yet */
   char store_error[256];   /* why the last write failed */
   gs_job_sink sink;        /* NULL: nobody listens */
@@ -99,6 +111,8 @@ int gs_job_add(gs_daemon *d, Gpushare__V1__Job *rec, gs_job **out, gs_err *e);
 
 const char *gs_job_state_name(int state);
 bool gs_job_final(int state);
+/* QUEUED or PREEMPTED: in a queue, waiting to start or resume. */
+bool gs_job_waiting(int state);
 /* Is from -> to a move of the state machine? */
 bool gs_job_legal(int from, int to);
 

@@ -193,7 +193,10 @@ static void signals_start(gs_daemon *d) {
 
 /* Once a second: write again the job records the store refused (disk
  * full, I/O error), so their held events go out once it takes them. */
-static void on_save_timer(uv_timer_t *t) { gs_jobs_save_pending(t->data); }
+static void on_save_timer(uv_timer_t *t) {
+  gs_jobs_save_pending(t->data);
+  gs_exec_events_tick(t->data);
+}
 
 /* Detach; the parent waits for a byte on `ready` (or its closing) and exits
  * with 0 once the child listens, 1 when it failed to start. */

@@ -111,7 +111,7 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       for (uint64_t x = 0; J && x < J->cap; x++) {
         gs_job *j = J->by_id[x];
         if (!j || strcmp(j->rec->vdev, vdevs[i].name)) continue;
-        queued += j->rec->state == GPUSHARE__V1__JOB_STATE__QUEUED;
+        queued += gs_job_waiting(j->rec->state);
         running += j->rec->state == GPUSHARE__V1__JOB_STATE__RUNNING;
       }
       tprintf(&t, "gpushare_%s{vdev=\"%s\",device=\"%s\",tenant=\"%s\"} ", vm[k].name, vdevs[i].name,
@@ -128,6 +128,26 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       }
     }
   }
+  /* From the job records, which the store keeps: monotone across restarts. */
+  for (int k = 0; k < 2; k++) {
+    if (k)
+      metric(&t, "job_oom_comebacks_total", "counter",
+             "Run-time OOMs the vdev's jobs were requeued or re-planned after instead of failing.");
+    else
+      metric(&t, "job_preemptions_total", "counter",
+             "Times the vdev's jobs were stopped with a checkpoint for a higher-priority job or "
+             "a shrink.");
+    for (size_t i = 0; i < nv; i++) {
+      uint64_t n = 0;
+      for (uint64_t x = 0; J && x < J->cap; x++) {
+        const gs_job *j = J->by_id[x];
+        if (j && !strcmp(j->rec->vdev, vdevs[i].name))
+          n += k ? j->rec->oom_retries : j->rec->preemptions;
+      }
+      tprintf(&t, "gpushare_job_%s_total{vdev=\"%s\"} %" PRIu64 "\n",
+              k ? "oom_comebacks" : "preemptions", vdevs[i].name, n);
+    }
+  }
   metric(&t, "tenant_memory_quota_bytes", "gauge", "Memory quota of the tenant (0: unlimited).");
   for (size_t i = 0; i < nt; i++)
     tprintf(&t, "gpushare_tenant_memory_quota_bytes{tenant=\"%s\"} %" PRIu64 "\n", tenants[i].name, tenants[i].quota.memory);
@@ -136,14 +156,14 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
     tprintf(&t, "gpushare_tenant_memory_allocated_bytes{tenant=\"%s\"} %" PRIu64 "\n", tenants[i].name, tenants[i].memory_allocated);
   metric(&t, "tenant_jobs", "gauge", "Jobs of the tenant by state.");
   for (size_t i = 0; i < nt; i++)
-    for (int s = 0; s < 5; s++) {
+    for (int s = 0; s < GS_JOB_STATES; s++) {
       uint64_t n = 0;
       for (uint64_t x = 0; J && x < J->cap; x++)
         n += J->by_id[x] && (int)gs_job_told_state(J->by_id[x]) == s && !strcmp(J->by_id[x]->rec->tenant, tenants[i].name);
       tprintf(&t, "gpushare_tenant_jobs{tenant=\"%s\",state=\"%s\"} %" PRIu64 "\n", tenants[i].name, gs_job_state_name(s), n);
     }
   metric(&t, "jobs", "gauge", "Jobs by state.");
-  for (int s = 0; s < 5; s++) {
+  for (int s = 0; s < GS_JOB_STATES; s++) {
     uint64_t n = 0;
     for (uint64_t x = 0; J && x < J->cap; x++) n += J->by_id[x] && (int)gs_job_told_state(J->by_id[x]) == s;
     tprintf(&t, "gpushare_jobs{state=\"%s\"} %" PRIu64 "\n", gs_job_state_name(s), n);

@@ -53,6 +53,7 @@ static const struct call {
     [GPUSHARE__V1__REQUEST__CALL_CREATE_VDEV] = {"create_vdev", GS_NEED_ADMIN, gs_rpc_create_vdev},
     [GPUSHARE__V1__REQUEST__CALL_LIST_VDEVS] = {"list_vdevs", GS_NEED_TENANT, gs_rpc_list_vdevs},
     [GPUSHARE__V1__REQUEST__CALL_DELETE_VDEV] = {"delete_vdev", GS_NEED_ADMIN, gs_rpc_delete_vdev},
+    [GPUSHARE__V1__REQUEST__CALL_UPDATE_VDEV] = {"update_vdev", GS_NEED_ADMIN, gs_rpc_update_vdev},
     [GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET] = {"upload_dataset", GS_NEED_TENANT, gs_rpc_upload_dataset},
     [GPUSHARE__V1__REQUEST__CALL_LIST_DATASETS] = {"list_datasets", GS_NEED_TENANT, gs_rpc_list_datasets},
     [GPUSHARE__V1__REQUEST__CALL_REMOVE_DATASET] = {"remove_dataset", GS_NEED_TENANT, gs_rpc_remove_dataset},

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/size.h"
 #include "control/exec_events.h"
 #include "control/log.h"
 #include "control/metrics.h"
@@ -310,6 +311,72 @@ int gs_rpc_list_vdevs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_VDEVS;
   c->resp->list_vdevs = m;
   return 0;
+}
+
+/* A vdev changed while its jobs run: a larger limit at once; a smaller one
+ * if its running jobs can fit it even at micro-batch 1, the ones that no
+ * longer fit re-planned or requeued (exec_events.c). */
+int gs_rpc_update_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__UpdateVdevRequest *r = rq->update_vdev;
+  if (gs_store_name_valid(r->name, "name", e) < 0) return gs_err_rc(e);
+  gs_vdev old;
+  if (gs_store_vdev_get(c->d->store, r->name, &old, e) < 0) return gs_err_rc(e);
+  if (!r->has_memory_limit && !r->has_compute_share && !r->has_policy)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "",
+                      "nothing to change: give memory_limit, compute_share or policy");
+  if (r->has_policy && r->policy != GPUSHARE__V1__POLICY__PREALLOCATE &&
+      r->policy != GPUSHARE__V1__POLICY__GROWTH)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "policy",
+                      "policy %d is not PREALLOCATE (0) or GROWTH (1)", (int)r->policy);
+  gs_vdev nv = old;
+  if (r->has_memory_limit) nv.memory_limit = r->memory_limit;
+  if (r->has_compute_share) nv.compute_share = r->compute_share;
+  if (r->has_policy) nv.policy = r->policy == GPUSHARE__V1__POLICY__GROWTH ? 1 : 0;
+  if (nv.memory_limit < old.memory_limit && nv.memory_limit > 0) {
+    uint64_t least;
+    if (gs_exec_events_least_memory(c->d, &old, &least, e) < 0) return gs_err_rc(e);
+    if (least > nv.memory_limit) {
+      char a[32], b[32];
+      return gs_err_set(e, GS_FAILED_PRECONDITION, "memory_limit",
+                        "vdev %s's running jobs need %s even at micro-batch 1 (with their "
+                        "data); %s is below that: cancel one of them, or wait for one to end",
+                        old.name, gs_size_format(least, a, sizeof a),
+                        gs_size_format(nv.memory_limit, b, sizeof b));
+    }
+  }
+  const gs_device *dev = gs_devices_find(&c->d->devices, old.device);
+  gs_device_limits lim = {.usable = dev ? dev->usable : 0,
+                          .oversubscribed = dev && dev->oversubscribed};
+  if (!dev)
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "name",
+                      "vdev %s is on device %s, which this machine does not have now",
+                      old.name, old.device);
+  if (gs_store_vdev_update(c->d->store, &nv, &lim, e) < 0) return gs_err_rc(e);
+  gs_vdev got;
+  if (gs_store_vdev_get(c->d->store, nv.name, &got, e) < 0) return gs_err_rc(e);
+  gs_info("vdev %s changed by uid %" PRIu32 ": %" PRIu64 " -> %" PRIu64 " bytes, compute %" PRIu32
+          " -> %" PRIu32 "%%, %s -> %s",
+          old.name, c->peer->uid, old.memory_limit, got.memory_limit, old.compute_share,
+          got.compute_share, old.policy ? "growth" : "preallocate",
+          got.policy ? "growth" : "preallocate");
+  char **actions;
+  size_t n_actions;
+  gs_exec_events_vdev_resized(c->d, &old, &got, &actions, &n_actions);
+  Gpushare__V1__UpdateVdevResponse *m = GS_CALL_MSG(&c->ar, Gpushare__V1__UpdateVdevResponse,
+                                                    GPUSHARE__V1__UPDATE_VDEV_RESPONSE__INIT);
+  int rc = 0;
+  if (!m || !(m->vdev = vdev_msg(c->d, &c->ar, &got)) ||
+      !(m->action = gs_call_alloc(&c->ar, (n_actions + 1) * sizeof *m->action))) {
+    rc = oom(c, e);
+  } else {
+    for (size_t i = 0; i < n_actions; i++)
+      if ((m->action[m->n_action] = gs_call_strdup(&c->ar, actions[i]))) m->n_action++;
+    c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_UPDATE_VDEV;
+    c->resp->update_vdev = m;
+  }
+  for (size_t i = 0; i < n_actions; i++) free(actions[i]);
+  free(actions);
+  return rc;
 }
 
 int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {

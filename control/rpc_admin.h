@@ -17,6 +17,7 @@ int gs_rpc_get_quota(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_create_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_list_vdevs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+int gs_rpc_update_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_metrics(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 
 #endif

@@ -7,7 +7,9 @@
  * and every one after it waits behind it. Running counts per tenant are
  * kept across vdevs, so a job started in one vdev counts against
  * max_running in the next. Queued jobs of a vdev that is not ready, or
- * that does not exist, wait with that reason.
+ * that does not exist, wait with that reason. A head that waits for memory
+ * may preempt (see sched.h): the victims are chosen by recounting what the
+ * vdev would hold without them.
  */
 #include "control/sched.h"
 
@@ -84,16 +86,117 @@ static bool fits(const gs_sched_vdev *vd, uint64_t used, const held_data *h, con
   return data <= limit && add <= limit - data;
 }
 
+/* What is needed to choose victims: the vdev, the jobs started in this run
+ * so far (out[0..n_start)), and room for the recount. */
+typedef struct preempt_ctx {
+  const gs_sched_input *in;
+  const gs_sched_vdev *vd;
+  const gs_sched_decision *started;
+  size_t n_started;
+  const gs_sched_job **cand;   /* room for n_jobs */
+  bool *victim;                /* by index of cand */
+  held_data h;                 /* keys: room for n_jobs */
+} preempt_ctx;
+
+static const gs_sched_job *job_of(const gs_sched_input *in, uint64_t id) {
+  for (size_t i = 0; i < in->n_jobs; i++)
+    if (in->jobs[i].id == id) return &in->jobs[i];
+  return NULL;
+}
+
+static bool is_victim(const preempt_ctx *c, size_t nc, const gs_sched_job *j) {
+  for (size_t i = 0; i < nc; i++)
+    if (c->victim[i] && c->cand[i] == j) return true;
+  return false;
+}
+
+/* Does head fit in the vdev once the chosen victims are gone? */
+static bool fits_without(preempt_ctx *c, size_t nc, const gs_sched_job *head) {
+  uint64_t used = 0;
+  c->h.n = 0;
+  c->h.bytes = 0;
+  for (size_t i = 0; i < c->in->n_jobs; i++) {
+    const gs_sched_job *j = &c->in->jobs[i];
+    if (j->state != GS_SCHED_RUNNING || strcmp(j->vdev, c->vd->name) || is_victim(c, nc, j))
+      continue;
+    used = j->planned_peak > UINT64_MAX - used ? UINT64_MAX : used + j->planned_peak;
+    data_hold(&c->h, j);
+  }
+  for (size_t i = 0; i < c->n_started; i++) {
+    const gs_sched_job *j = job_of(c->in, c->started[i].job);
+    if (!j || strcmp(j->vdev, c->vd->name)) continue;
+    used = j->planned_peak > UINT64_MAX - used ? UINT64_MAX : used + j->planned_peak;
+    data_hold(&c->h, j);
+  }
+  return fits(c->vd, used, &c->h, head);
+}
+
+/* Lowest priority first, then the most recently started, then the newest id. */
+static int cmp_victim(const void *a, const void *b) {
+  const gs_sched_job *x = *(const gs_sched_job *const *)a, *y = *(const gs_sched_job *const *)b;
+  if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
+  if (x->run_started != y->run_started) return x->run_started > y->run_started ? -1 : 1;
+  if (x->id != y->id) return x->id > y->id ? -1 : 1;
+  return 0;
+}
+
+/* May j be stopped for head now? */
+static bool preemptable(const gs_sched_input *in, const gs_sched_job *j, const gs_sched_job *head) {
+  return j->state == GS_SCHED_RUNNING && j->preemptible && !j->stopping &&
+         j->priority < head->priority && in->now - j->run_started >= in->preempt_min_run_s &&
+         (!j->last_preempted || in->now - j->last_preempted >= in->preempt_interval_s);
+}
+
+/* Choose victims for head (see sched.h). Returns how many were marked in
+ * c->victim over the first *nc candidates, 0 when head cannot fit even
+ * with every candidate gone. */
+static size_t choose_victims(preempt_ctx *c, const gs_sched_job *head, size_t *nc) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->in->n_jobs; i++) {
+    const gs_sched_job *j = &c->in->jobs[i];
+    if (!strcmp(j->vdev, c->vd->name) && preemptable(c->in, j, head)) c->cand[n++] = j;
+  }
+  *nc = n;
+  if (!n) return 0;
+  qsort(c->cand, n, sizeof *c->cand, cmp_victim);
+  size_t k = 0;
+  memset(c->victim, 0, n * sizeof *c->victim);
+  while (k < n && !fits_without(c, n, head)) c->victim[k++] = true;
+  if (!fits_without(c, n, head)) return 0;
+  size_t chosen = k;
+  for (size_t i = k; i-- > 0;) { /* give back each one head fits without */
+    c->victim[i] = false;
+    if (fits_without(c, n, head)) chosen--;
+    else c->victim[i] = true;
+  }
+  return chosen;
+}
+
+static bool vdev_stopping(const gs_sched_input *in, const gs_sched_vdev *vd) {
+  for (size_t i = 0; i < in->n_jobs; i++)
+    if (in->jobs[i].state == GS_SCHED_RUNNING && in->jobs[i].stopping &&
+        !strcmp(in->jobs[i].vdev, vd->name))
+      return true;
+  return false;
+}
+
 int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out, gs_err *e) {
   *n_out = 0;
   if (!in->n_jobs) return 0;
   const gs_sched_job **q = malloc(in->n_jobs * sizeof *q);
   gs_sched_decision *wait = malloc(in->n_jobs * sizeof *wait);
   held_data h = {.keys = malloc(in->n_jobs * sizeof *h.keys)};
-  if (!q || !wait || !h.keys) {
+  preempt_ctx pc = {.in = in,
+                    .cand = malloc(in->n_jobs * sizeof *pc.cand),
+                    .victim = malloc(in->n_jobs * sizeof *pc.victim),
+                    .h = {.keys = malloc(in->n_jobs * sizeof *pc.h.keys)}};
+  if (!q || !wait || !h.keys || !pc.cand || !pc.victim || !pc.h.keys) {
     free(q);
     free(wait);
     free(h.keys);
+    free(pc.cand);
+    free(pc.victim);
+    free(pc.h.keys);
     return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   }
   size_t n_start = 0, n_wait = 0;
@@ -126,27 +229,92 @@ int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out
         else if (qt->max_running && running_of(in, out, n_start, j->tenant) >= qt->max_running)
           why = GS_SCHED_WAIT_MAX_RUNNING;
       }
+      if (why == GS_SCHED_WAIT_MEMORY && blocked == GS_SCHED_START) {
+        /* The head of the queue: room may be made by stopping lower-priority jobs. */
+        const gs_sched_quota *qt = quota_of(in, j->tenant);
+        bool quota_ok = qt && (!qt->max_running ||
+                               running_of(in, out, n_start, j->tenant) < qt->max_running);
+        size_t nc = 0;
+        if (quota_ok && vdev_stopping(in, vd)) {
+          why = GS_SCHED_WAIT_PREEMPTING;
+        } else if (quota_ok) {
+          pc.vd = vd;
+          pc.started = out;
+          pc.n_started = n_start;
+          if (choose_victims(&pc, j, &nc)) {
+            why = GS_SCHED_WAIT_PREEMPTING;
+            for (size_t i = 0; i < nc; i++)
+              if (pc.victim[i])
+                wait[n_wait++] = (gs_sched_decision){pc.cand[i]->id, vd->name, GS_SCHED_PREEMPT,
+                                                     j->id};
+          }
+        }
+      }
       if (why == GS_SCHED_START) {
-        out[n_start++] = (gs_sched_decision){j->id, vd->name, GS_SCHED_START};
+        out[n_start++] = (gs_sched_decision){j->id, vd->name, GS_SCHED_START, 0};
         used += j->planned_peak; /* fits() held: no overflow */
         data_hold(&h, j);
         continue;
       }
-      wait[n_wait++] = (gs_sched_decision){j->id, vd->name, why};
+      wait[n_wait++] = (gs_sched_decision){j->id, vd->name, why, 0};
       if (blocked == GS_SCHED_START) blocked = GS_SCHED_WAIT_BEHIND;
     }
   }
   for (size_t i = 0; i < in->n_jobs; i++) {
     const gs_sched_job *j = &in->jobs[i];
     if (j->state == GS_SCHED_QUEUED && !vdev_of(in, j->vdev))
-      wait[n_wait++] = (gs_sched_decision){j->id, j->vdev, GS_SCHED_WAIT_NO_VDEV};
+      wait[n_wait++] = (gs_sched_decision){j->id, j->vdev, GS_SCHED_WAIT_NO_VDEV, 0};
   }
   memcpy(out + n_start, wait, n_wait * sizeof *wait);
   *n_out = n_start + n_wait;
   free(q);
   free(wait);
   free(h.keys);
+  free(pc.cand);
+  free(pc.victim);
+  free(pc.h.keys);
   return 0;
+}
+
+static int cmp_keep(const void *a, const void *b) {
+  const gs_sched_job *x = *(const gs_sched_job *const *)a, *y = *(const gs_sched_job *const *)b;
+  if (x->priority != y->priority) return x->priority > y->priority ? -1 : 1;
+  if (x->run_started != y->run_started) return x->run_started < y->run_started ? -1 : 1;
+  if (x->id != y->id) return x->id < y->id ? -1 : 1;
+  return 0;
+}
+
+int gs_sched_shrink(const gs_sched_job *jobs, size_t n, const gs_sched_vdev *vd, bool *keep,
+                    gs_err *e) {
+  if (!n) return 0;
+  const gs_sched_job **order = malloc(n * sizeof *order);
+  held_data h = {.keys = malloc(n * sizeof *h.keys)};
+  if (!order || !h.keys) {
+    free(order);
+    free(h.keys);
+    return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) order[i] = &jobs[i];
+  qsort(order, n, sizeof *order, cmp_keep);
+  uint64_t used = 0;
+  for (size_t k = 0; k < n; k++) {
+    const gs_sched_job *j = order[k];
+    bool ok = fits(vd, used, &h, j);
+    keep[j - jobs] = ok;
+    if (!ok) continue;
+    used += j->planned_peak; /* fits() held: no overflow */
+    data_hold(&h, j);
+  }
+  free(order);
+  free(h.keys);
+  return 0;
+}
+
+gs_sched_oom gs_sched_oom_decide(const gs_sched_oom_in *in) {
+  bool left = in->retries < in->max_retries;
+  if (in->cause == 1) return GS_SCHED_OOM_REQUEUE; /* PHYSICAL */
+  if (in->auto_fit) return left && in->micro_batch > 1 ? GS_SCHED_OOM_SMALLER : GS_SCHED_OOM_FAIL;
+  return in->requeue && left ? GS_SCHED_OOM_REQUEUE : GS_SCHED_OOM_FAIL;
 }
 
 const char *gs_sched_reason_text(gs_sched_reason why) {
@@ -160,6 +328,9 @@ const char *gs_sched_reason_text(gs_sched_reason why) {
   case GS_SCHED_WAIT_EXECUTOR: return "waits for its device's executor";
   case GS_SCHED_WAIT_NO_VDEV: return "waits: its vdev does not exist";
   case GS_SCHED_WAIT_NO_TENANT: return "waits: its tenant does not exist";
+  case GS_SCHED_WAIT_PREEMPTING:
+    return "waits while lower-priority jobs of its vdev are checkpointed and stopped for it";
+  case GS_SCHED_PREEMPT: return "is preempted for a higher-priority job";
   }
   return "waits";
 }

@@ -105,6 +105,7 @@ enum {
   Q_VDEV_GET,
   Q_VDEV_LIST,
   Q_VDEV_DELETE,
+  Q_VDEV_UPDATE,
   Q_DEVICE_USAGE,
   Q_TENANTS_OF_UID,
   Q_TENANTS_OF_GID,
@@ -147,6 +148,8 @@ static const char *const sql[Q_COUNT] = {
     [Q_VDEV_LIST] = "SELECT name, device, tenant, memory_limit, compute_share, policy, created"
                     " FROM vdevs ORDER BY device, name",
     [Q_VDEV_DELETE] = "DELETE FROM vdevs WHERE name = ?1",
+    [Q_VDEV_UPDATE] = "UPDATE vdevs SET memory_limit = ?2, compute_share = ?3, policy = ?4"
+                      " WHERE name = ?1",
     [Q_DEVICE_USAGE] = "SELECT COALESCE(SUM(memory_limit), 0), COALESCE(SUM(compute_share), 0),"
                        " COUNT(*) FROM vdevs WHERE device = ?1",
     [Q_TENANTS_OF_UID] = "SELECT tenant FROM members WHERE kind = 'uid' AND id = ?1",
@@ -804,7 +807,8 @@ int gs_store_quota_set(gs_store *s, const char *tenant, const gs_quota_update *u
     rollback(s);
     return gs_err_set(e, GS_FAILED_PRECONDITION, "quota.memory_bytes",
                       "tenant %s's vdevs already hold %" PRIu64 " bytes; a memory quota of "
-                      "%" PRIu64 " bytes is below that: shrink or delete vdevs first",
+                      "%" PRIu64 " bytes is below that: shrink vdevs first (gpuctl vdev set "
+                      "NAME --memory SIZE) or delete them",
                       tenant, mem_used, q.memory);
   }
   if (u->set_compute && q.compute != 0 && q.compute < cpu_used) {
@@ -832,9 +836,8 @@ int gs_store_device_usage(gs_store *s, const char *device, gs_device_usage *u, g
   return usage_of(s, Q_DEVICE_USAGE, device, u, e);
 }
 
-int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *dev,
-                         gs_err *e) {
-  if (gs_store_name_valid(v->name, "name", e) < 0) return gs_err_rc(e);
+/* The figures of a vdev, checked alone. */
+static int vdev_values_ok(const gs_vdev *v, gs_err *e) {
   if (v->memory_limit == 0)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "memory_limit",
                       "memory limit is 0; give the vdev's size, e.g. --memory 4GiB");
@@ -849,19 +852,30 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
   if (v->policy != 0 && v->policy != 1)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "policy",
                       "policy %d is not PREALLOCATE (0) or GROWTH (1)", v->policy);
+  return 0;
+}
 
-  if (begin(s, e) < 0) return gs_err_rc(e);
+/* Inside a transaction: is there room for v in its tenant's quota and on
+ * its device, beside the other vdevs (old: v's present row, whose figures
+ * v replaces; NULL for a new vdev)? 0, or a negative errno with e set (the
+ * transaction is left open). */
+static int vdev_room(gs_store *s, const gs_vdev *v, const gs_vdev *old,
+                     const gs_device_limits *dev, gs_err *e) {
   gs_tenant t;
-  if (gs_store_tenant_get(s, v->tenant, &t, e) < 0) return rollback(s);
+  if (gs_store_tenant_get(s, v->tenant, &t, e) < 0) return gs_err_rc(e);
   gs_quota tq = t.quota;
-  uint64_t t_mem = t.memory_allocated;
-  uint32_t t_cpu = t.compute_allocated;
+  uint64_t t_mem = t.memory_allocated - (old ? old->memory_limit : 0);
+  uint32_t t_cpu = t.compute_allocated - (old ? old->compute_share : 0);
   gs_tenant_clear(&t);
 
   gs_device_usage du;
-  if (gs_store_device_usage(s, v->device, &du, e) < 0) return rollback(s);
+  if (gs_store_device_usage(s, v->device, &du, e) < 0) return gs_err_rc(e);
+  if (old) {
+    du.memory -= old->memory_limit;
+    du.compute -= old->compute_share;
+    du.vdevs--;
+  }
   if (tq.memory != 0 && (v->memory_limit > tq.memory || t_mem > tq.memory - v->memory_limit)) {
-    rollback(s);
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "memory_limit",
                       "tenant %s's memory quota is %" PRIu64 " bytes and its vdevs hold %" PRIu64
                       "; vdev %s asks for %" PRIu64 " more (at most %" PRIu64 " is left)",
@@ -869,7 +883,6 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
                       t_mem < tq.memory ? tq.memory - t_mem : 0);
   }
   if (tq.compute != 0 && t_cpu + v->compute_share > tq.compute) {
-    rollback(s);
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "compute_share",
                       "tenant %s's compute quota is %" PRIu32 " and its vdevs hold %" PRIu32
                       "; vdev %s asks for %" PRIu32 " more",
@@ -877,7 +890,6 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
   }
   bool over_device = v->memory_limit > dev->usable || du.memory > dev->usable - v->memory_limit;
   if (over_device && !(dev->oversubscribed && v->policy == 1)) {
-    rollback(s);
     uint64_t left = du.memory < dev->usable ? dev->usable - du.memory : 0;
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "memory_limit",
                       "device %s has %" PRIu64 " usable bytes, %" PRIu64
@@ -887,13 +899,22 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
                       left, v->name, v->memory_limit);
   }
   if (du.compute + v->compute_share > 100) {
-    rollback(s);
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "compute_share",
                       "device %s already gives compute share %" PRIu32
-                      " to its vdevs; %" PRIu32 " more would pass 100 (at most %" PRIu32
+                      " to its%s vdevs; %" PRIu32 " more would pass 100 (at most %" PRIu32
                       " is left)",
-                      v->device, du.compute, v->compute_share, 100 - du.compute);
+                      v->device, du.compute, old ? " other" : "", v->compute_share,
+                      100 - du.compute);
   }
+  return 0;
+}
+
+int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *dev,
+                         gs_err *e) {
+  if (gs_store_name_valid(v->name, "name", e) < 0) return gs_err_rc(e);
+  if (vdev_values_ok(v, e) < 0) return gs_err_rc(e);
+  if (begin(s, e) < 0) return gs_err_rc(e);
+  if (vdev_room(s, v, NULL, dev, e) < 0) return rollback(s);
   sqlite3_stmt *q = stmt(s, Q_VDEV_INSERT, e);
   if (!q) return rollback(s);
   sqlite3_bind_text(q, 1, v->name, -1, SQLITE_STATIC);
@@ -963,6 +984,27 @@ int gs_store_vdev_list(gs_store *s, gs_vdev **out, size_t *n, gs_err *e) {
   *out = list;
   *n = count;
   return 0;
+}
+
+int gs_store_vdev_update(gs_store *s, const gs_vdev *v, const gs_device_limits *dev,
+                         gs_err *e) {
+  if (vdev_values_ok(v, e) < 0) return gs_err_rc(e);
+  if (begin(s, e) < 0) return gs_err_rc(e);
+  gs_vdev old;
+  if (gs_store_vdev_get(s, v->name, &old, e) < 0) return rollback(s);
+  gs_vdev nv = old;
+  nv.memory_limit = v->memory_limit;
+  nv.compute_share = v->compute_share;
+  nv.policy = v->policy;
+  if (vdev_room(s, &nv, &old, dev, e) < 0) return rollback(s);
+  sqlite3_stmt *q = stmt(s, Q_VDEV_UPDATE, e);
+  if (!q) return rollback(s);
+  sqlite3_bind_text(q, 1, v->name, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(q, 2, (int64_t)nv.memory_limit);
+  sqlite3_bind_int64(q, 3, nv.compute_share);
+  sqlite3_bind_int64(q, 4, nv.policy);
+  if (step_done(s, q, e, "update vdev") < 0) return rollback(s);
+  return commit(s, e);
 }
 
 int gs_store_vdev_delete(gs_store *s, const char *name, gs_err *e) {

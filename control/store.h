@@ -128,6 +128,11 @@ int gs_store_vdev_create(gs_store *s, const gs_vdev *v, const gs_device_limits *
                          gs_err *e);
 int gs_store_vdev_get(gs_store *s, const char *name, gs_vdev *out, gs_err *e);
 int gs_store_vdev_list(gs_store *s, gs_vdev **out, size_t *n, gs_err *e);
+/* Change v->name's memory_limit, compute_share and policy to v's, with
+ * the checks of create (the tenant's quota and the device's room counted
+ * without the vdev's present figures). */
+int gs_store_vdev_update(gs_store *s, const gs_vdev *v, const gs_device_limits *dev,
+                         gs_err *e);
 int gs_store_vdev_delete(gs_store *s, const char *name, gs_err *e);
 int gs_store_device_usage(gs_store *s, const char *device, gs_device_usage *u,
                           gs_err *e);

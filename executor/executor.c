@@ -41,6 +41,10 @@
  * Several threads write to the socket; each whole frame is written under one
  * mutex, so frames never interleave.
  *
+ * PauseJob: that job alone stops before its next step, writes its
+ * checkpoint, gives its memory back and reports Finished{paused} with the
+ * reason it was given; the control plane starts it again, resuming.
+ *
  * Shutdown (or SIGTERM): every job stops before its next step, writes a
  * checkpoint and reports Finished{interrupted}; then the executor exits 0.
  * End of file on the socket (the control plane is gone or gave up on this
@@ -91,7 +95,7 @@
 #define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
 #define FAIRSHARE_SLICE 0.05   /* see fairshare.h: device time between two switches */
 
-enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
+enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2, STOP_PAUSE = 3 };
 
 typedef struct vdev {
   char name[VDEV_NAME_MAX];
@@ -117,7 +121,8 @@ typedef struct job {
   char ckpt[PATH_MAX];     /* checkpoint path (StartJob's, or under the state dir) */
   bool ckpt_named;         /* StartJob named it: checkpoints as the job goes */
   atomic_int cancel;       /* the runtime's flag: != 0 stops before the next step */
-  atomic_int stop;         /* STOP_CANCEL or STOP_INTERRUPT once asked to stop */
+  atomic_int stop;         /* STOP_CANCEL, STOP_INTERRUPT or STOP_PAUSE once asked to stop */
+  char pause_reason[512];  /* PauseJob's reason (set before stop, under X.lock) */
   atomic_bool reported;    /* Finished is being sent: the job is over */
   atomic_bool done;        /* Finished is sent: the main thread may join */
   pthread_t th;
@@ -155,7 +160,8 @@ static struct {
   int crash_fd;                  /* STATE/executor-DEVICE.crash (see on_fatal) */
   struct {                       /* GPUSHARE_EXECUTOR_FAILPOINT (see failpoint_parse) */
     char job[128];               /* the job name it applies to; "" = none */
-    uint64_t calls;              /* crash in the job's dense_forward call number N */
+    uint64_t calls;              /* kernel-crash: crash in its dense_forward call number N */
+    uint64_t oom_bytes;          /* oom: its tensors get an allocator this small */
   } fp;
   gs_backend table;              /* X.b's ops with the failpoint's wrapper */
   gs_backend *inner_b;           /* what the wrapper calls */
@@ -204,18 +210,24 @@ static void on_fatal(int sig) {
  * dense_forward call of every job named JOB raise SIGSEGV inside the op, as
  * a faulting kernel would: the fault tests (tests/integration/
  * test_executor_crash.sh) use it to prove that a crash in compute never
- * takes the control plane down. Unset, nothing is wrapped. */
+ * takes the control plane down.
+ * GPUSHARE_EXECUTOR_FAILPOINT=oom:JOB:BYTES gives every run of a job named
+ * JOB whose planned peak passes BYTES an allocator of BYTES instead of its
+ * vdev's (as if the vdev had shrunk under it), so it meets a real QUOTA OOM
+ * at run time with its report (tests/integration/test_elastic.sh).
+ * Unset, nothing is wrapped. */
 static int failpoint_parse(const char *v) {
   const char *p = v ? strchr(v, ':') : NULL;
   const char *q = p ? strrchr(v, ':') : NULL;
-  if (!v || strncmp(v, "kernel-crash:", 13) || p == q || (size_t)(q - p - 1) >= sizeof X.fp.job)
-    return -1;
+  bool crash = v && !strncmp(v, "kernel-crash:", 13), oom = v && !strncmp(v, "oom:", 4);
+  if ((!crash && !oom) || p == q || (size_t)(q - p - 1) >= sizeof X.fp.job) return -1;
   snprintf(X.fp.job, sizeof X.fp.job, "%.*s", (int)(q - p - 1), p + 1);
   char *end;
   errno = 0;
   unsigned long long n = strtoull(q + 1, &end, 10);
   if (errno || *end || n == 0 || !X.fp.job[0]) return -1;
-  X.fp.calls = n;
+  if (crash) X.fp.calls = n;
+  else X.fp.oom_bytes = n;
   return 0;
 }
 
@@ -435,6 +447,27 @@ static void vdev_destroy(vdev *v) {
   free(v);
 }
 
+/* A new limit SetVdevs gave while v's jobs run (X.lock held): applied to
+ * the allocator as soon as what is in use fits under it (at once for a
+ * larger one; for a smaller one, once the jobs that no longer fit have
+ * stopped, each job's end trying again), so the limit is never passed. A
+ * PREALLOCATE vdev shrunk this way keeps its region until it is idle. */
+static void vdev_try_limit(vdev *v) {
+  if (!v->pending || v->new_policy != v->policy || !v->alloc || v->limit == v->new_limit) return;
+  char a[32], b[32];
+  uint64_t old = v->limit;
+  int rc = gs_alloc_set_limit(v->alloc, v->new_limit);
+  if (rc == 0) {
+    v->limit = v->new_limit;
+    v->pending = v->policy == GS_POLICY_PREALLOCATE && v->new_limit < old;
+    logf_("vdev %s: limit %s -> %s with %u job(s) running", v->name,
+          gs_size_format(old, a, sizeof a), gs_size_format(v->limit, b, sizeof b), v->running);
+  } else if (rc != -EBUSY) {
+    logf_("vdev %s: cannot take its new limit %s while jobs run (%s); it applies once they end",
+          v->name, gs_size_format(v->new_limit, b, sizeof b), strerror(-rc));
+  }
+}
+
 /* The last job of v ended (X.lock held): give GROWTH regions back, and apply
  * what SetVdevs decided while jobs ran. */
 static void vdev_idle(vdev *v) {
@@ -478,10 +511,12 @@ static void on_set_vdevs(const Gpushare__Exec__V1__SetVdevs *sv) {
       gs_fairshare_set_share(X.fs, v->slot, share);
       bool changed = c->memory_limit != v->limit || pol != v->policy;
       if (v->running) {
-        /* The running jobs keep the allocator they were created on. */
+        /* The running jobs keep the allocator they were created on: a new
+         * limit applies to it when it can, a new policy once they end. */
         v->pending = changed;
         v->new_limit = c->memory_limit;
         v->new_policy = pol;
+        vdev_try_limit(v);
       } else if (changed || !v->alloc) { /* a failed PREALLOCATE is retried */
         gs_alloc_destroy(v->alloc);
         v->limit = c->memory_limit;
@@ -831,7 +866,8 @@ static void *job_main(void *arg) {
   gs_train_result res;
   memset(&res, 0, sizeof res);
   Gpushare__V1__JobState state = GPUSHARE__V1__JOB_STATE__FAILED;
-  bool interrupted = false;
+  bool interrupted = false, paused = false;
+  gs_alloc *fp_alloc = NULL; /* the oom failpoint's allocator */
 
   if (gs_spec_pb_job(s->spec, &spec, &e)) {
     err_text(&e, reason, sizeof reason);
@@ -874,7 +910,11 @@ static void *job_main(void *arg) {
   /* Alone in its vdev: the peak it reports is its own, not an earlier job's. */
   if (v->running == 1) gs_alloc_reset_peak(v->alloc);
   pthread_mutex_unlock(&X.lock);
-  if (gs_train_create(&spec, X.b, v->alloc, &sets->train, sets->has_test ? &sets->test : NULL,
+  gs_alloc *alloc = v->alloc;
+  if (X.fp.oom_bytes && !strcmp(tl_job_name, X.fp.job) && planned_peak > X.fp.oom_bytes &&
+      gs_alloc_create(X.b, X.device_index, X.fp.oom_bytes, GS_POLICY_GROWTH, &fp_alloc) == 0)
+    alloc = fp_alloc;
+  if (gs_train_create(&spec, X.b, alloc, &sets->train, sets->has_test ? &sets->test : NULL,
                       &opt, &t, &fail, &e)) {
     err_text(&e, reason, sizeof reason);
     if (fail.oom && oom_report(&spec, &fail, v, &oom)) oom = NULL;
@@ -926,6 +966,21 @@ static void *job_main(void *arg) {
       gs_err_prefix(&e, "export");
       err_text(&e, reason, sizeof reason);
     }
+  } else if (atomic_load(&j->stop) == STOP_PAUSE) {
+    /* Paused for another job or a smaller vdev: checkpointed, to resume. */
+    state = GPUSHARE__V1__JOB_STATE__CANCELLED;
+    paused = true;
+    if (gs_train_checkpoint(t, j->ckpt, &e)) {
+      char why[400];
+      err_text(&e, why, sizeof why);
+      snprintf(reason, sizeof reason,
+               "%s; stopped at step %" PRIu64 " but its checkpoint could not be written (%s), "
+               "so it resumes from the previous one",
+               j->pause_reason, res.steps, why);
+    } else {
+      snprintf(reason, sizeof reason, "%s; checkpointed at step %" PRIu64 " of %" PRIu64,
+               j->pause_reason, res.steps, gs_train_total_steps(t));
+    }
   } else if (atomic_load(&j->stop) == STOP_INTERRUPT) {
     state = GPUSHARE__V1__JOB_STATE__CANCELLED;
     interrupted = true;
@@ -953,7 +1008,12 @@ report:
   if (!t && reason[0] == '\0') {
     /* Asked to stop before the job was created: nothing ran. */
     int stop = atomic_load(&j->stop);
-    if (stop) {
+    if (stop == STOP_PAUSE) {
+      state = GPUSHARE__V1__JOB_STATE__CANCELLED;
+      paused = true;
+      snprintf(reason, sizeof reason, "%s; stopped before its first step of this run",
+               j->pause_reason);
+    } else if (stop) {
       state = GPUSHARE__V1__JOB_STATE__CANCELLED;
       interrupted = stop == STOP_INTERRUPT;
       snprintf(reason, sizeof reason, "%s before its first step",
@@ -962,6 +1022,7 @@ report:
   }
   /* Every byte goes back to the vdev before the control plane hears of the end. */
   gs_train_destroy(t);
+  gs_alloc_destroy(fp_alloc);
   sets_drop(sets);
 
   Gpushare__Exec__V1__Finished f = GPUSHARE__EXEC__V1__FINISHED__INIT;
@@ -983,11 +1044,14 @@ report:
   f.device_seconds = j->device_seconds;
   f.has_interrupted = true;
   f.interrupted = interrupted;
+  f.has_paused = true;
+  f.paused = paused;
 
   f.timeline = tl;
 
   pthread_mutex_lock(&X.lock);
   if (--v->running == 0) vdev_idle(v);
+  else vdev_try_limit(v);
   j->v = NULL;
   pthread_mutex_unlock(&X.lock);
 
@@ -1118,6 +1182,21 @@ static void on_cancel(const Gpushare__Exec__V1__CancelJob *c) {
   if (!j) logf_("CancelJob for job %" PRIu64 ", which does not run here; ignored", id);
 }
 
+static void on_pause(const Gpushare__Exec__V1__PauseJob *p) {
+  uint64_t id = p->has_job_id ? p->job_id : 0;
+  pthread_mutex_lock(&X.lock);
+  job *j = job_find(id);
+  if (j && !atomic_load(&j->stop)) {
+    snprintf(j->pause_reason, sizeof j->pause_reason, "%s",
+             p->reason && p->reason[0] ? p->reason : "paused by the control plane");
+    int none = 0;
+    atomic_compare_exchange_strong(&j->stop, &none, STOP_PAUSE);
+    atomic_store(&j->cancel, 1);
+  }
+  pthread_mutex_unlock(&X.lock);
+  if (!j) logf_("PauseJob for job %" PRIu64 ", which does not run here; ignored", id);
+}
+
 /* Join the threads of jobs that have reported Finished. Returns how many
  * jobs are left. */
 static int reap_jobs(void) {
@@ -1169,6 +1248,9 @@ static int on_frame(void *u, const uint8_t *body, size_t len) {
     return 0; /* on_start owns m */
   case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_CANCEL:
     on_cancel(m->cancel);
+    break;
+  case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_PAUSE:
+    on_pause(m->pause);
     break;
   case GPUSHARE__EXEC__V1__TO_EXECUTOR__MSG_SHUTDOWN:
     logf_("shutdown: checkpointing and stopping every job");
@@ -1425,13 +1507,18 @@ int main(int argc, char **argv) {
   if (fp && *fp) {
     if (failpoint_parse(fp))
       return usage_error("GPUSHARE_EXECUTOR_FAILPOINT=\"%s\": expected kernel-crash:JOB:N "
-                         "(N >= 1)",
+                         "or oom:JOB:BYTES (N, BYTES >= 1)",
                          fp);
-    X.inner_b = X.b;
-    X.table = *X.b;
-    X.table.dense_forward = failpoint_dense_forward;
-    X.b = &X.table;
-    logf_("failpoint: job %s crashes in its dense_forward call %" PRIu64, X.fp.job, X.fp.calls);
+    if (X.fp.calls) {
+      X.inner_b = X.b;
+      X.table = *X.b;
+      X.table.dense_forward = failpoint_dense_forward;
+      X.b = &X.table;
+      logf_("failpoint: job %s crashes in its dense_forward call %" PRIu64, X.fp.job, X.fp.calls);
+    } else {
+      logf_("failpoint: job %s runs in %" PRIu64 " bytes whenever it plans more", X.fp.job,
+            X.fp.oom_bytes);
+    }
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   X.threads = threads > 0 ? (int)threads : (ncpu > 0 ? (int)ncpu : 1);

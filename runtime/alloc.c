@@ -576,7 +576,9 @@ int gs_alloc_malloc(gs_alloc *a, size_t bytes, const gs_alloc_tag *tag, void **o
 
   pthread_mutex_lock(&a->mu);
   gs_oom_cause cause = GS_OOM_QUOTA;
-  if (need == 0 || need > a->cap) goto fail; /* QUOTA: larger than the limit */
+  /* QUOTA: larger than what the limit leaves (a PREALLOCATE vdev whose
+   * limit was lowered may hold free reserved bytes past it). */
+  if (need == 0 || need > a->cap || need > a->cap - a->in_use) goto fail;
   gs__tagent *t = gs__tag_intern(a, layer, role);
   if (!t || gs__pool_ensure(a, 1) < 0) {
     cause = GS_OOM_PHYSICAL; /* the host has no memory for bookkeeping */
@@ -679,6 +681,34 @@ void gs_alloc_free_all(gs_alloc *a) {
     }
   }
   pthread_mutex_unlock(&a->mu);
+}
+
+int gs_alloc_set_limit(gs_alloc *a, uint64_t limit) {
+  uint64_t cap = limit & ~(uint64_t)(GS_ALLOC_ALIGN - 1);
+  if (cap == 0 || cap > SIZE_MAX) return -EINVAL;
+  int rc = 0;
+  pthread_mutex_lock(&a->mu);
+  if (cap < a->in_use) {
+    rc = -EBUSY;
+    goto out;
+  }
+  if (a->policy == GS_POLICY_GROWTH && cap < a->reserved) {
+    gs__trim_locked(a);
+    if (cap < a->reserved) {
+      rc = -EBUSY;
+      goto out;
+    }
+  }
+  if (a->policy == GS_POLICY_PREALLOCATE && cap > a->reserved &&
+      (rc = gs__region_add(a, (size_t)(cap - a->reserved))) < 0)
+    goto out;
+  a->limit = limit;
+  a->cap = cap;
+  a->peak_in_use = a->in_use;
+  a->peak_reserved = a->reserved;
+out:
+  pthread_mutex_unlock(&a->mu);
+  return rc;
 }
 
 void gs_alloc_trim(gs_alloc *a) {

@@ -91,6 +91,15 @@ int gs_alloc_malloc(gs_alloc *a, size_t bytes, const gs_alloc_tag *tag, void **o
 void gs_alloc_free(gs_alloc *a, void *p);
 /* Free every live block (end of a job); regions stay reserved. */
 void gs_alloc_free_all(gs_alloc *a);
+/* Change the limit while blocks live. Lowering it is refused (-EBUSY)
+ * while more than the new limit is in use, or, GROWTH, reserved once the
+ * regions with no live block are released; a PREALLOCATE allocator keeps
+ * its region and lets no more than the new limit be in use (the region
+ * shrinks when the allocator is made again). Raising it takes effect at
+ * once (PREALLOCATE reserves the difference as one more region: -ENOMEM
+ * when the device cannot give it). The peaks restart from now. 0, or a
+ * negative errno with the allocator unchanged. */
+int gs_alloc_set_limit(gs_alloc *a, uint64_t limit);
 /* GROWTH: release regions with no live block. PREALLOCATE: nothing. */
 void gs_alloc_trim(gs_alloc *a);
 

@@ -84,6 +84,7 @@ c_qshow() { as "$1" quota show a; }
 c_vcreate() { as "$1" vdev create "v-$1" --memory 1MiB --compute 1 --tenant a; }
 c_vlist() { as "$1" vdev list; }
 c_vdelete() { as "$1" vdev delete vz; }
+c_vset() { as "$1" vdev set b0 --memory 200MiB; }
 c_upload() { as "$1" dataset add "d-$1" "$FILES/lab"; }
 c_dlist() { as "$1" dataset list; }
 c_drm() { as "$1" dataset rm da; }
@@ -109,6 +110,7 @@ row get_quota       $OK $OK $PD $PD c_qshow
 row create_vdev     $OK $PD $PD $PD c_vcreate
 row list_vdevs      $OK $OK $OK $PD c_vlist
 row delete_vdev     $OK $PD $PD $PD c_vdelete
+row update_vdev     $OK $PD $PD $PD c_vset
 row upload_dataset  $FP $OK $OK $PD c_upload
 row list_datasets   $OK $OK $OK $PD c_dlist
 row remove_dataset  $FP $OK $NF $PD c_drm

@@ -830,3 +830,68 @@ Test(alloc, threads_share_one_allocator) {
   gs_alloc_destroy(a);
   fake_fini();
 }
+
+static int try_alloc(gs_alloc *a, size_t bytes, gs_oom_cause *cause) {
+  void *p = NULL;
+  gs_alloc_failure why;
+  gs_alloc_tag tag = {"test", GS_ROLE_WORKSPACE};
+  int rc = gs_alloc_malloc(a, bytes, &tag, &p, &why);
+  if (rc && cause) *cause = why.cause;
+  return rc;
+}
+
+Test(alloc, set_limit_growth) {
+  fake_init(SIZE_MAX);
+  gs_alloc *a = make(4 * MiB, GS_POLICY_GROWTH);
+  char *x = must_alloc(a, 3 * MiB);
+  /* Lower than what is in use: refused, nothing changes. */
+  cr_assert_eq(gs_alloc_set_limit(a, 2 * MiB), -EBUSY);
+  cr_assert_eq(stats_of(a).limit, 4 * MiB);
+  cr_assert_eq(gs_alloc_set_limit(a, 0), -EINVAL);
+  gs_alloc_free(a, x);
+  /* Nothing in use: the empty regions go back, the limit takes. */
+  cr_assert_eq(gs_alloc_set_limit(a, 2 * MiB), 0);
+  gs_alloc_stats st = stats_of(a);
+  cr_assert_eq(st.limit, 2 * MiB);
+  cr_assert_leq(st.reserved, 2 * MiB);
+  gs_oom_cause cause;
+  cr_assert_eq(try_alloc(a, 3 * MiB, &cause), -ENOMEM);
+  cr_assert_eq(cause, GS_OOM_QUOTA);
+  x = must_alloc(a, 2 * MiB - 256);
+  cr_assert_leq(stats_of(a).peak_in_use, 2 * MiB, "the peak never passes the new limit");
+  /* Raised while a block lives: at once. */
+  cr_assert_eq(gs_alloc_set_limit(a, 8 * MiB), 0);
+  char *y = must_alloc(a, 5 * MiB);
+  gs_alloc_free(a, x);
+  gs_alloc_free(a, y);
+  gs_alloc_destroy(a);
+  fake_fini();
+}
+
+Test(alloc, set_limit_preallocate) {
+  fake_init(SIZE_MAX);
+  gs_alloc *a = make(4 * MiB, GS_POLICY_PREALLOCATE);
+  char *x = must_alloc(a, MiB);
+  /* Lowered: the region stays, but no more than the new limit is handed out. */
+  cr_assert_eq(gs_alloc_set_limit(a, 2 * MiB), 0);
+  gs_alloc_stats st = stats_of(a);
+  cr_assert_eq(st.limit, 2 * MiB);
+  cr_assert_eq(st.reserved, 4 * MiB);
+  gs_oom_cause cause;
+  cr_assert_eq(try_alloc(a, MiB + 256, &cause), -ENOMEM, "free reserved bytes past the limit");
+  cr_assert_eq(cause, GS_OOM_QUOTA);
+  char *y = must_alloc(a, MiB);
+  cr_assert_eq(stats_of(a).in_use, 2 * MiB);
+  /* Raised: one more region of the difference. */
+  cr_assert_eq(gs_alloc_set_limit(a, 6 * MiB), 0);
+  st = stats_of(a);
+  cr_assert_eq(st.reserved, 6 * MiB);
+  char *z = must_alloc(a, 2 * MiB), *w = must_alloc(a, 2 * MiB); /* one in each region */
+  cr_assert_eq(stats_of(a).in_use, 6 * MiB);
+  gs_alloc_free(a, x);
+  gs_alloc_free(a, y);
+  gs_alloc_free(a, z);
+  gs_alloc_free(a, w);
+  gs_alloc_destroy(a);
+  fake_fini();
+}

@@ -15,19 +15,21 @@
 
 enum { Q = GPUSHARE__V1__JOB_STATE__QUEUED, R = GPUSHARE__V1__JOB_STATE__RUNNING,
        S = GPUSHARE__V1__JOB_STATE__SUCCEEDED, F = GPUSHARE__V1__JOB_STATE__FAILED,
-       C = GPUSHARE__V1__JOB_STATE__CANCELLED };
+       C = GPUSHARE__V1__JOB_STATE__CANCELLED, P = GPUSHARE__V1__JOB_STATE__PREEMPTED };
 
 Test(job, legal_moves) {
-  /* from x to: Q R S F C */
-  static const bool want[5][5] = {
-      [Q] = {0, 1, 0, 0, 1},
-      [R] = {0, 0, 1, 1, 1},
+  /* from x to: Q R S F C P */
+  static const bool want[6][6] = {
+      [Q] = {0, 1, 0, 0, 1, 0},
+      [R] = {1, 0, 1, 1, 1, 1},
+      [P] = {0, 1, 0, 0, 1, 0},
   };
-  for (int from = 0; from < 5; from++)
-    for (int to = 0; to < 5; to++)
+  for (int from = 0; from < 6; from++)
+    for (int to = 0; to < 6; to++)
       cr_assert_eq(gs_job_legal(from, to), want[from][to], "%s -> %s", gs_job_state_name(from),
                    gs_job_state_name(to));
-  cr_assert(!gs_job_final(Q) && !gs_job_final(R));
+  cr_assert(!gs_job_final(Q) && !gs_job_final(R) && !gs_job_final(P));
+  cr_assert(gs_job_waiting(Q) && gs_job_waiting(P) && !gs_job_waiting(R) && !gs_job_waiting(S));
   cr_assert(gs_job_final(S) && gs_job_final(F) && gs_job_final(C));
 }
 

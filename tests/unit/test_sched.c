@@ -2,7 +2,8 @@
  * queues by priority then age, memory limits with the head of a queue
  * blocking the jobs behind it, max_running across vdevs, executors not
  * ready, vdevs and tenants gone, empty inputs; host data charged once per
- * key (in the limit on the cpu device, in a budget of its own on a GPU). */
+ * key (in the limit on the cpu device, in a budget of its own on a GPU);
+ * preemption (victims, guards), the shrink choice and the OOM rule. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -13,9 +14,11 @@
 static gs_sched_decision out[64];
 static size_t n_out;
 
+static int64_t now = 10000, min_run = 60, interval = 300;
+
 static void run(const gs_sched_job *jobs, size_t nj, const gs_sched_vdev *vdevs, size_t nv,
                 const gs_sched_quota *quotas, size_t nq) {
-  gs_sched_input in = {jobs, nj, vdevs, nv, quotas, nq};
+  gs_sched_input in = {jobs, nj, vdevs, nv, quotas, nq, now, min_run, interval};
   gs_err e;
   gs_err_clear(&e);
   memset(out, 0, sizeof out);
@@ -30,10 +33,10 @@ static gs_sched_reason why_of(uint64_t id) {
 }
 
 static gs_sched_job q(uint64_t id, const char *vdev, int32_t prio, int64_t at, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak, 0, 0};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak, 0, 0, false, 0, 0, false};
 }
 static gs_sched_job r(uint64_t id, const char *vdev, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak, 0, 0};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak, 0, 0, false, 0, 0, false};
 }
 
 static const gs_sched_quota alice = {"alice", 0};
@@ -112,8 +115,8 @@ Test(sched, several_vdevs_in_order_max_running_across_them) {
   gs_sched_job jobs[] = {
       q(1, "b", 9, 1, MiB),                                 /* alice, started first: b... */
       q(2, "a", 0, 1, MiB),                                 /* ...no: a comes first */
-      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB, 0, 0},     /* bob's: too big for c */
-      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB, 0, 0},
+      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB, 0, 0, false, 0, 0, false},     /* bob's: too big for c */
+      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB, 0, 0, false, 0, 0, false},
   };
   run(jobs, 4, vs, 3, quotas, 2);
   cr_assert_eq(n_out, 4);
@@ -132,7 +135,7 @@ Test(sched, several_vdevs_in_order_max_running_across_them) {
 Test(sched, executor_not_ready_vdev_and_tenant_gone) {
   gs_sched_vdev vs[] = {{"down", 100 * MiB, false, true}, {"up", 100 * MiB, true, true}};
   gs_sched_job jobs[] = {q(1, "down", 0, 1, MiB), q(2, "gone", 0, 1, MiB),
-                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB, 0, 0}, q(4, "up", 0, 2, MiB)};
+                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB, 0, 0, false, 0, 0, false}, q(4, "up", 0, 2, MiB)};
   run(jobs, 4, vs, 2, &alice, 1);
   cr_assert_eq(n_out, 4);
   cr_assert_eq(why_of(1), GS_SCHED_WAIT_EXECUTOR);
@@ -211,4 +214,181 @@ Test(sched, sums_near_the_top_of_uint64_do_not_wrap) {
   over[0].state = over[1].state = GS_SCHED_RUNNING;
   run(over, 3, &v, 1, &alice, 1);
   cr_assert_eq(why_of(3), GS_SCHED_WAIT_MEMORY);
+}
+
+/* ------------------------------------------------------------ preemption --- */
+
+/* A running job of priority prio whose run began at `since`. */
+static gs_sched_job rp(uint64_t id, int32_t prio, int64_t since, uint64_t peak) {
+  gs_sched_job j = r(id, "v", peak);
+  j.priority = prio;
+  j.run_started = since;
+  j.preemptible = true;
+  return j;
+}
+
+static bool preempted(uint64_t id, uint64_t for_job) {
+  for (size_t i = 0; i < n_out; i++)
+    if (out[i].job == id && out[i].why == GS_SCHED_PREEMPT) {
+      cr_assert_eq(out[i].for_job, for_job, "job %llu preempted for %llu, not %llu",
+                   (unsigned long long)id, (unsigned long long)out[i].for_job,
+                   (unsigned long long)for_job);
+      return true;
+    }
+  return false;
+}
+
+Test(sched, preempts_lowest_priority_most_recent_fewest) {
+  gs_sched_vdev v = {"v", 100 * MiB, true, false};
+  /* 90 MiB held by four jobs; job 9 (priority 9) needs 40. */
+  gs_sched_job jobs[] = {rp(1, 0, 100, 30 * MiB), rp(2, 0, 500, 20 * MiB),
+                         rp(3, 1, 900, 20 * MiB), rp(4, 9, 50, 20 * MiB),
+                         q(9, "v", 9, 1000, 40 * MiB)};
+  run(jobs, 5, &v, 1, &alice, 1);
+  /* Lowest priority first (1 and 2), the most recent of them first (2, then
+   * 1): 2 frees 20 (room 30), 1 frees 30 (room 60): 40 fits. Then 2 is given
+   * back (room 40 without it still fits), so only 1 stops. */
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_PREEMPTING);
+  cr_assert(preempted(1, 9));
+  cr_assert_not(preempted(2, 9));
+  cr_assert_not(preempted(3, 9));
+  cr_assert_not(preempted(4, 9));
+  /* Needing 60: two of priority 0 are needed (2 then 1), not the priority-1 one. */
+  jobs[4].planned_peak = 60 * MiB;
+  run(jobs, 5, &v, 1, &alice, 1);
+  cr_assert(preempted(1, 9) && preempted(2, 9));
+  cr_assert_not(preempted(3, 9));
+  /* Needing 80: priority 0 and 1 all go; the one of equal priority stays. */
+  jobs[4].planned_peak = 80 * MiB;
+  run(jobs, 5, &v, 1, &alice, 1);
+  cr_assert(preempted(1, 9) && preempted(2, 9) && preempted(3, 9));
+  cr_assert_not(preempted(4, 9));
+  /* Needing 95: even all three lower ones leave only 80: nobody is stopped. */
+  jobs[4].planned_peak = 95 * MiB;
+  run(jobs, 5, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  cr_assert_eq(n_out, 1);
+}
+
+Test(sched, preemption_guards) {
+  gs_sched_vdev v = {"v", 100 * MiB, true, false};
+  gs_sched_job jobs[] = {rp(1, 0, now - 10, 80 * MiB), q(9, "v", 9, 1, 50 * MiB)};
+  /* Its run began 10 s ago: under the 60 s minimum. */
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  jobs[0].run_started = now - 60;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert(preempted(1, 9));
+  /* Preempted 299 s ago: within the 300 s interval. */
+  jobs[0].last_preempted = now - 299;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  jobs[0].last_preempted = now - 300;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert(preempted(1, 9));
+  /* Not preemptible. */
+  jobs[0].preemptible = false;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  /* Equal priority is no reason to stop a job. */
+  jobs[0].preemptible = true;
+  jobs[0].priority = 9;
+  run(jobs, 2, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  /* One already stopping: the head waits for it, nobody else is chosen. */
+  gs_sched_job two[] = {rp(1, 0, 1, 40 * MiB), rp(2, 0, 2, 40 * MiB), q(9, "v", 9, 1, 60 * MiB)};
+  two[0].stopping = true;
+  run(two, 3, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_PREEMPTING);
+  cr_assert_not(preempted(2, 9));
+  /* Only the head of a queue preempts; the job behind it waits behind it. */
+  gs_sched_job three[] = {rp(1, 0, 1, 90 * MiB), q(9, "v", 9, 1, 20 * MiB),
+                          q(8, "v", 8, 1, 5 * MiB)};
+  run(three, 3, &v, 1, &alice, 1);
+  cr_assert(preempted(1, 9));
+  cr_assert_eq(why_of(8), GS_SCHED_WAIT_BEHIND);
+  /* Another vdev's jobs are never victims. */
+  gs_sched_vdev vs[] = {{"v", 100 * MiB, true, false}, {"w", 100 * MiB, true, false}};
+  gs_sched_job other = r(2, "w", 90 * MiB);
+  other.preemptible = true;
+  gs_sched_job four[] = {other, rp(1, 5, 1, 90 * MiB), q(9, "v", 9, 1, 20 * MiB)};
+  four[1].preemptible = false;
+  run(four, 3, vs, 2, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  cr_assert_not(preempted(2, 9));
+}
+
+Test(sched, preemption_counts_shared_data_once) {
+  /* cpu device: data is vdev memory. Victim 1 and keeper 2 share a 30 MiB
+   * dataset: stopping 1 frees its peak only, the data stays with 2. */
+  gs_sched_vdev v = {"v", 100 * MiB, true, true};
+  gs_sched_job a = rp(1, 0, 1, 20 * MiB), b = rp(2, 9, 1, 20 * MiB);
+  a.data_bytes = b.data_bytes = 30 * MiB;
+  a.data_key = b.data_key = 7;
+  gs_sched_job head = q(9, "v", 9, 1, 45 * MiB);
+  gs_sched_job jobs[] = {a, b, head};
+  run(jobs, 3, &v, 1, &alice, 1);
+  /* Held: 20 + 20 + 30 = 70, 30 left; without 1: 50 used, 50 left >= 45. */
+  cr_assert(preempted(1, 9));
+  jobs[2].planned_peak = 51 * MiB; /* 50 left is not enough: nobody stops */
+  run(jobs, 3, &v, 1, &alice, 1);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_MEMORY);
+  cr_assert_not(preempted(1, 9));
+}
+
+/* ---------------------------------------------------------------- shrink --- */
+
+Test(sched, shrink_keeps_high_priority_then_oldest) {
+  gs_sched_vdev v = {"v", 50 * MiB, true, false};
+  gs_sched_job jobs[] = {rp(1, 0, 100, 20 * MiB), rp(2, 5, 300, 20 * MiB),
+                         rp(3, 0, 50, 20 * MiB), rp(4, 0, 200, 5 * MiB)};
+  bool keep[4];
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_sched_shrink(jobs, 4, &v, keep, &e), 0);
+  /* 2 (priority 5) first: 20; then by age 3 (50): 40; 1 (100) would be 60:
+   * re-planned; 4 (200) fits in the 10 left. */
+  cr_assert(keep[1] && keep[2] && keep[3]);
+  cr_assert_not(keep[0]);
+  /* Everything fits: all kept. */
+  v.memory_limit = 65 * MiB;
+  cr_assert_eq(gs_sched_shrink(jobs, 4, &v, keep, &e), 0);
+  cr_assert(keep[0] && keep[1] && keep[2] && keep[3]);
+  /* Nothing fits. */
+  v.memory_limit = 4 * MiB;
+  cr_assert_eq(gs_sched_shrink(jobs, 4, &v, keep, &e), 0);
+  cr_assert_not(keep[0] || keep[1] || keep[2] || keep[3]);
+  cr_assert_eq(gs_sched_shrink(NULL, 0, &v, keep, &e), 0);
+}
+
+/* ------------------------------------------------------------------- OOM --- */
+
+Test(sched, oom_decisions) {
+  gs_sched_oom_in in = {.cause = 0, .auto_fit = true, .retries = 0, .max_retries = 3,
+                        .micro_batch = 32};
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_SMALLER);
+  in.cause = 2; /* FRAGMENTATION: the same */
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_SMALLER);
+  in.retries = 3; /* used up */
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
+  in.retries = 0;
+  in.micro_batch = 1; /* nothing smaller */
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
+  in.cause = 1; /* PHYSICAL: requeued whatever else holds */
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_REQUEUE);
+  in.retries = 50;
+  in.auto_fit = false;
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_REQUEUE);
+  /* Without auto_fit: as the spec asks, while retries last. */
+  in.cause = 0;
+  in.retries = 0;
+  in.micro_batch = 32;
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
+  in.requeue = true;
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_REQUEUE);
+  in.retries = 3;
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
+  in.max_retries = 0;
+  in.retries = 0;
+  cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
 }
