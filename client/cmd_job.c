@@ -507,6 +507,8 @@ static void job_show(const Gpushare__V1__Job *j) {
     table t = {0};
     table_header(&t, 0xffu, (const char *const[]){"EPOCH", "TRAIN-LOSS", "TEST-LOSS", "TEST-ACC", "SAMPLES/S",
                                                  "PEAK-MEM", "LOSS-SCALE", "SKIPPED", NULL});
+    const int precision = table_job_precision(j);
+    const int fp16 = precision == GPUSHARE__V1__PRECISION__MIXED_FLOAT16;
     for (size_t i = 0; i < j->n_epoch; i++) {
       const Gpushare__V1__EpochMetrics *m = j->epoch[i];
       table_cell(&t, m->partial ? "%" PRIu32 " (part)" : "%" PRIu32, m->epoch);
@@ -515,11 +517,13 @@ static void job_show(const Gpushare__V1__Job *j) {
       table_cell(&t, "%s", table_fnum("%.2f%%", 100.0 * m->test_accuracy));
       table_cell(&t, "%.0f", m->samples_per_second);
       table_cell(&t, "%s", table_fsize(m->peak_memory_bytes));
-      /* fp32 and bf16 epochs report a scale of 1: only fp16 has one */
-      table_cell(&t, m->has_loss_scale && m->loss_scale != 1.0f ? "%g" : "-", m->loss_scale);
-      table_cell(&t, "%" PRIu64, m->skipped_steps);
+      /* only fp16 has a loss scale and skips steps */
+      table_cell(&t, "%s", table_fscale(precision, m->has_loss_scale, m->loss_scale));
+      if (fp16 || (precision < 0 && m->skipped_steps)) table_cell(&t, "%" PRIu64, m->skipped_steps);
+      else table_cell(&t, "-");
     }
     table_print(&t);
+    table_skip_warnings(stdout, j);
   }
   if (j->oom) {
     putchar('\n');
@@ -584,11 +588,12 @@ int gpuctl_cmd_cancel(gpuctl_cli *x, gpuctl_parsed *p) {
 }
 
 static void logs_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
-  (void)x;
+  /* the events do not say whether the job has a loss scale: its spec does */
+  int precision = r->logs->n_event ? gpuctl_job_precision(x, r->logs->event[0]->job_id) : -1;
   for (size_t i = 0; i < r->logs->n_event; i++) {
     const Gpushare__V1__JobEvent *ev = r->logs->event[i];
     char line[1024], ts[64] = "-";
-    gpuctl_event_line(ev, line, sizeof line);
+    gpuctl_event_line(ev, precision, line, sizeof line);
     if (ev->time_unix_ms > 0) {
       time_t t = (time_t)(ev->time_unix_ms / 1000);
       struct tm tm;

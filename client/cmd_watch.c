@@ -28,7 +28,7 @@
 /* ---------------------------------------------------------------- events --- */
 
 /* One line describing an event: "job 7 RUNNING epoch 1 step 340/1875 ...". */
-void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, char *buf, size_t n) {
+void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, int precision, char *buf, size_t n) {
   size_t off = 0;
 #define ADD(...) \
   do { \
@@ -48,11 +48,15 @@ void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, char *buf, size_t n) {
     ADD("  mem %s", table_fsize(ev->memory_in_use));
     if (ev->memory_limit) ADD(" / %s", table_fsize(ev->memory_limit));
   }
-  if (ev->has_loss_scale) ADD("  scale %g", ev->loss_scale);
+  const char *scale = table_fscale(precision, ev->has_loss_scale, ev->loss_scale);
+  if (strcmp(scale, "-")) ADD("  scale %s", scale);
   const Gpushare__V1__EpochMetrics *m = ev->epoch_end;
-  if (m)
+  if (m) {
     ADD("  epoch %" PRIu32 " done: train loss %.4f, %s, peak %s", m->epoch, m->train_loss,
         table_ftest(m->test_loss, m->test_accuracy), table_fsize(m->peak_memory_bytes));
+    if (strcmp(table_fscale(precision, m->has_loss_scale, m->loss_scale), "-"))
+      ADD(", %" PRIu64 " steps skipped", m->skipped_steps);
+  }
   if (ev->message && *ev->message) ADD("  %s", ev->message);
 #undef ADD
 }
@@ -68,6 +72,7 @@ typedef struct watch_view {
   int have_acc;        /* an epoch has ended: acc is its test accuracy */
   float acc;
   int last_state;      /* -1 before the first event */
+  int precision;       /* the job's Precision, -1 when not known */
 } watch_view;
 
 #define WATCH_PLAIN_INTERVAL 5.0 /* seconds between two progress lines off a terminal */
@@ -100,18 +105,21 @@ static void progress_line(const watch_view *v, const Gpushare__V1__JobEvent *ev,
     ADD("  mem %s", table_fsize(ev->memory_in_use));
     if (ev->memory_limit) ADD(" / %s", table_fsize(ev->memory_limit));
   }
-  /* fp16's dynamic loss scale; fp32 and bf16 report 1 (or nothing) */
-  if (ev->has_loss_scale && ev->loss_scale > 0 && ev->loss_scale != 1.0f) ADD("  scale %g", ev->loss_scale);
+  /* fp16's dynamic loss scale; fp32 and bf16 have none */
+  const char *scale = table_fscale(v->precision, ev->has_loss_scale, ev->loss_scale);
+  if (strcmp(scale, "-")) ADD("  scale %s", scale);
 #undef ADD
 }
 
-static void epoch_line(uint64_t id, const Gpushare__V1__EpochMetrics *m, char *buf, size_t n) {
+static void epoch_line(const watch_view *v, uint64_t id, const Gpushare__V1__EpochMetrics *m, char *buf,
+                       size_t n) {
   int k = snprintf(buf, n,
                    "job %" PRIu64 "  epoch %" PRIu32 " done: train loss %.4f, %s, %.0f samples/s, peak %s",
                    id, m->epoch, m->train_loss, table_ftest(m->test_loss, m->test_accuracy),
                    m->samples_per_second, table_fsize(m->peak_memory_bytes));
-  if (k > 0 && (size_t)k < n && m->has_loss_scale && m->loss_scale > 0 && m->loss_scale != 1.0f)
-    snprintf(buf + k, n - (size_t)k, ", loss scale %g, %" PRIu64 " skipped", m->loss_scale, m->skipped_steps);
+  const char *scale = table_fscale(v->precision, m->has_loss_scale, m->loss_scale);
+  if (k > 0 && (size_t)k < n && strcmp(scale, "-"))
+    snprintf(buf + k, n - (size_t)k, ", loss scale %s, %" PRIu64 " of its steps skipped", scale, m->skipped_steps);
 }
 
 /* A line that stays: it replaces the live line on a terminal. */
@@ -155,7 +163,7 @@ static void watch_event(watch_view *v, const Gpushare__V1__JobEvent *ev) {
   if (ev->epoch_end) {
     v->have_acc = !isnan(ev->epoch_end->test_accuracy); /* NaN: no test set */
     v->acc = ev->epoch_end->test_accuracy;
-    epoch_line(ev->job_id, ev->epoch_end, line, sizeof line);
+    epoch_line(v, ev->job_id, ev->epoch_end, line, sizeof line);
     watch_put(v, line);
   } else if (v->last_state < 0 || (int)ev->state != v->last_state) {
     /* the first event (the job as it stands) and every change of state */
@@ -176,10 +184,10 @@ static void watch_event(watch_view *v, const Gpushare__V1__JobEvent *ev) {
   if (ev->has_state) v->last_state = (int)ev->state;
 }
 
-/* The job as the daemon has it after its end; NULL when it cannot be asked
- * (the final event then says how it ended). Freed with
+/* The job as the daemon has it (after its end, for watch); NULL when it
+ * cannot be asked (the final event then says how it ended). Freed with
  * gs_client_free_response. */
-static Gpushare__V1__Response *ended_job(gpuctl_cli *x, uint64_t id) {
+static Gpushare__V1__Response *job_record(gpuctl_cli *x, uint64_t id) {
   GPUCTL_REQ(req, job_status, JOB_STATUS, Gpushare__V1__JobStatusRequest, GPUSHARE__V1__JOB_STATUS_REQUEST__INIT);
   job_status_msg.has_id = 1;
   job_status_msg.id = id;
@@ -193,11 +201,20 @@ static Gpushare__V1__Response *ended_job(gpuctl_cli *x, uint64_t id) {
   return r;
 }
 
+int gpuctl_job_precision(gpuctl_cli *x, uint64_t id) {
+  Gpushare__V1__Response *r = job_record(x, id);
+  int p = r ? table_job_precision(r->job_status->job) : -1;
+  gs_client_free_response(r);
+  return p;
+}
+
 /* Follow job id to its end. Exit 0 only when it SUCCEEDED. After the final
  * event the job is asked for once more: its record has the reason, the
  * epochs and, when it ran out of memory, the OomReport. */
 int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
   if (cli_connect(x)) return GPUCTL_EXIT_FAIL;
+  /* asked before the stream starts: whether the job has a loss scale */
+  int precision = x->json ? -1 : gpuctl_job_precision(x, id);
   GPUCTL_REQ(req, watch, WATCH, Gpushare__V1__WatchRequest, GPUSHARE__V1__WATCH_REQUEST__INIT);
   watch_msg.has_id = 1;
   watch_msg.id = id;
@@ -205,7 +222,7 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
   uint64_t rid;
   int rc = gs_client_send(x->c, &req, &rid, &e);
   if (rc) return cli_report(rc, &e);
-  watch_view v = {.tty = isatty(STDOUT_FILENO), .cols = 80, .last_state = -1};
+  watch_view v = {.tty = isatty(STDOUT_FILENO), .cols = 80, .last_state = -1, .precision = precision};
   struct winsize ws;
   if (v.tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) v.cols = ws.ws_col;
   int final_state = -1;
@@ -242,7 +259,7 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
   if (v.live) fputc('\n', stdout);
   fflush(stdout);
 
-  Gpushare__V1__Response *sr = ended_job(x, id);
+  Gpushare__V1__Response *sr = job_record(x, id);
   const Gpushare__V1__Job *j = sr ? sr->job_status->job : NULL;
   int st = j && j->has_state ? (int)j->state : final_state;
   const char *why = j && j->reason && *j->reason ? j->reason : final_msg[0] ? final_msg : NULL;
@@ -266,6 +283,7 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     if (j && j->started_unix && j->finished_unix >= j->started_unix)
       printf(" (%" PRId64 " s)", j->finished_unix - j->started_unix);
     printf("\n");
+    if (j) table_skip_warnings(stdout, j);
     fflush(stdout);
   }
   int out = GPUCTL_EXIT_OK;

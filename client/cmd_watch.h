@@ -13,7 +13,10 @@
 gpuctl_cmd_fn gpuctl_cmd_watch;
 /* Follow job id to its end; 0 only when it SUCCEEDED. */
 int gpuctl_watch_job(gpuctl_cli *x, uint64_t id);
-/* One line describing an event, into buf. */
-void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, char *buf, size_t n);
+/* One line describing an event of a job trained in `precision` (a
+ * Precision, or -1 when not known: see table_fscale), into buf. */
+void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, int precision, char *buf, size_t n);
+/* The Precision job id was submitted with, or -1 when it cannot be asked. */
+int gpuctl_job_precision(gpuctl_cli *x, uint64_t id);
 
 #endif

@@ -138,3 +138,63 @@ const char *table_ids_list(const uint32_t *v, size_t n) {
   if (off >= 60) strcpy(s + 56, "...");
   return s;
 }
+
+const char *table_fscale(int precision, int has, float scale) {
+  if (!has || (precision >= 0 && precision != GPUSHARE__V1__PRECISION__MIXED_FLOAT16) ||
+      (precision < 0 && scale == 1.0f))
+    return "-";
+  char *s = slot();
+  snprintf(s, 64, "%g", scale);
+  return s;
+}
+
+int table_job_precision(const Gpushare__V1__Job *j) { return j && j->spec ? (int)j->spec->precision : -1; }
+
+/* The optimizer steps of one whole epoch of job j. exact is set when they
+ * are known: total_steps is epochs x steps per epoch unless max_steps cut the
+ * run short. Otherwise the bound is an upper one: the whole epochs so far
+ * fit in the steps done. 0 when nothing is known. */
+static uint64_t epoch_steps(const Gpushare__V1__Job *j, int *exact) {
+  uint32_t epochs = j->spec ? j->spec->epochs : 0;
+  uint64_t max_steps = j->spec ? j->spec->max_steps : 0;
+  *exact = 0;
+  if (j->total_steps && epochs && (max_steps == 0 || j->total_steps != max_steps)) {
+    *exact = 1;
+    return j->total_steps / epochs;
+  }
+  uint32_t whole = 0;
+  for (size_t i = 0; i < j->n_epoch; i++)
+    if (!j->epoch[i]->partial && j->epoch[i]->epoch > whole) whole = j->epoch[i]->epoch;
+  return whole ? j->step / whole : 0;
+}
+
+size_t table_skip_warnings(FILE *f, const Gpushare__V1__Job *j) {
+  if (table_job_precision(j) != GPUSHARE__V1__PRECISION__MIXED_FLOAT16) return 0;
+  int exact;
+  uint64_t per = epoch_steps(j, &exact);
+  uint32_t whole = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < j->n_epoch; i++) {
+    const Gpushare__V1__EpochMetrics *m = j->epoch[i];
+    uint64_t steps = per;
+    if (m->partial) { /* the steps after the last whole epoch */
+      if (!exact) continue;
+      uint64_t before = (uint64_t)whole * per;
+      steps = j->step > before ? j->step - before : 0;
+    } else if (m->epoch > whole) {
+      whole = m->epoch;
+    }
+    if (!steps || m->skipped_steps * 2 <= steps) continue;
+    fprintf(f, "warning: epoch %" PRIu32 "%s: ", m->epoch, m->partial ? " (part)" : "");
+    if (exact)
+      fprintf(f, "%" PRIu64 " of its %" PRIu64 " optimizer steps", m->skipped_steps, steps);
+    else
+      fprintf(f, "%" PRIu64 " optimizer steps, more than half of it,", m->skipped_steps);
+    fprintf(f, " were skipped (fp16 gradients overflowed; loss scale %g at its end), so its "
+               "updates were mostly lost; train in MIXED_BFLOAT16 or FLOAT32, or with a lower "
+               "learning rate\n",
+            m->loss_scale);
+    n++;
+  }
+  return n;
+}

@@ -11,6 +11,8 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "proto/gpushare.pb-c.h"
+
 /* Rows of cells, printed with each column as wide as its widest cell and two
  * spaces between columns; numeric columns are right-aligned (bit i of
  * `right` for column i). Row 0 is the header. Start one as `table t = {0};`. */
@@ -54,5 +56,17 @@ const char *table_state_name(int s);
 const char *table_precision_name(int s);
 /* "1000,1001", cut with "..." when long, "-" when empty */
 const char *table_ids_list(const uint32_t *v, size_t n);
+/* A job's dynamic loss scale for a job trained in `precision` (a Precision,
+ * or -1 when not known): "-" where there is none (FLOAT32, MIXED_BFLOAT16,
+ * or no figure: has is 0); with the precision not known, a scale of 1
+ * reads as none. */
+const char *table_fscale(int precision, int has, float scale);
+
+/* The Precision of job j's spec, or -1 when its record has no spec. */
+int table_job_precision(const Gpushare__V1__Job *j);
+/* One "warning: ..." line on f for each epoch of job j in which more than
+ * half of the optimizer steps were skipped (fp16 gradient overflow): that
+ * epoch barely trained. Returns how many were printed. */
+size_t table_skip_warnings(FILE *f, const Gpushare__V1__Job *j);
 
 #endif

@@ -121,6 +121,8 @@ struct gs_train {
   float scale_host;
   int32_t good_host;
   int64_t skipped_host;
+  int64_t epoch_skipped0; /* skipped_host at the start of the epoch in progress
+                             (or at the resume, for an epoch resumed mid-way) */
   uint64_t steps_per_epoch, total_steps;
   uint32_t ckpt_every;
 
@@ -1043,6 +1045,7 @@ static int restore(gs_train *t, const char *path, gs_err *e) {
   t->scale_host = t->fp16 ? ck->meta.loss_scale : 1.0f;
   t->good_host = t->fp16 ? ck->meta.good_steps : 0;
   t->skipped_host = ck->meta.skipped_steps;
+  t->epoch_skipped0 = t->skipped_host;
   t->ckpt_step = t->step;
   if ((rc = push_state(t, e))) goto out;
   rc = refresh_working(t, e);
@@ -1433,10 +1436,11 @@ static int end_epoch(gs_train *t, gs_err *e) {
             t->epoch_time > 0 ? (float)((double)t->epoch_samples / t->epoch_time) : 0.0f,
         .peak_memory_bytes = job_peak(t),
         .loss_scale = t->scale_host,
-        .skipped_steps = (uint64_t)t->skipped_host,
+        .skipped_steps = (uint64_t)(t->skipped_host - t->epoch_skipped0),
     };
     t->opt.on_epoch(t->opt.user, &m);
   }
+  t->epoch_skipped0 = t->skipped_host;
   t->epoch++;
   t->epochs_done = t->epoch;
   t->step_in_epoch = 0;
@@ -1479,6 +1483,19 @@ int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
 
 double gs_train_last_device_seconds(const gs_train *t) { return t->last_device_seconds; }
 
+/* A MIXED_FLOAT16 run whose every optimizer step was skipped (gradients
+ * inf/NaN at every loss scale it tried) never changed its weights: it ends
+ * in an error, not as a trained model at chance accuracy. */
+static int check_all_skipped(const gs_train *t, gs_err *e) {
+  if (!t->fp16 || t->step == 0 || (uint64_t)t->skipped_host < t->step) return 0;
+  return gs_err_set(e, GS_FAILED_PRECONDITION, "precision",
+                    "all %" PRIu64 " optimizer steps of the run were skipped because the "
+                    "MIXED_FLOAT16 gradients overflowed (inf or NaN) at every loss scale, "
+                    "from %g down to %g, so the weights never changed; train in "
+                    "MIXED_BFLOAT16 or FLOAT32, or with a lower learning rate",
+                    t->step, (double)t->r.loss_scale_initial, (double)t->scale_host);
+}
+
 static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
   int rc = 0;
   while (n-- > 0 && !t->finished) {
@@ -1515,6 +1532,7 @@ static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
         return rc;
       /* A finished job's last checkpoint is on disk before it says so. */
       if ((rc = ck_wait(t, e))) return rc;
+      if ((rc = check_all_skipped(t, e))) return rc;
     }
   }
   if (done) *done = t->finished;

@@ -91,7 +91,7 @@ typedef struct gs_train_epoch {
   float samples_per_second; /* training examples / wall time of the epoch */
   uint64_t peak_memory_bytes; /* allocator's peak in use so far */
   float loss_scale;
-  uint64_t skipped_steps;
+  uint64_t skipped_steps;  /* fp16 overflow steps of this epoch (this run's) */
 } gs_train_epoch;
 
 typedef struct gs_train_options {
@@ -132,7 +132,7 @@ typedef struct gs_train_result {
   float samples_per_second;  /* training examples / training wall time of this run */
   uint64_t peak_memory_bytes;
   float loss_scale;
-  uint64_t skipped_steps;
+  uint64_t skipped_steps;    /* fp16 overflow steps of the whole job */
   bool cancelled;
 } gs_train_result;
 
@@ -200,12 +200,16 @@ void gs_train_destroy(gs_train *t);
 
 /* Runs until the epochs are done, max_steps is reached or cancel is set.
  * Returns 0 (also when cancelled: see gs_train_result.cancelled) or a
- * negative value with e filled. */
+ * negative value with e filled. A MIXED_FLOAT16 job that reaches its end
+ * with every optimizer step skipped (gradient overflow at every loss scale:
+ * the weights never moved) returns -EBUSY, FAILED_PRECONDITION on field
+ * "precision", with the step count and the loss scales in the message. */
 int gs_train_run(gs_train *t, gs_err *e);
 /* Runs at most n more optimizer steps (fewer at the end of the run); epochs
  * still end with an evaluation and a checkpoint. For tests and for the
  * executor's per-step scheduling. *done (may be NULL) tells whether the run
- * is over. */
+ * is over. The call that ends the run returns gs_train_run's error for a run
+ * whose every step was skipped (after its last checkpoint). */
 int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
 /* Device time of the last gs_train_steps call: the backend's timer (the
  * job's thread and pool workers' CPU time on the cpu device, stream events

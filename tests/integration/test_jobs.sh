@@ -171,6 +171,39 @@ assert len(e) == 1 and e[0]["epoch"] == 1 and e[0]["partial"], e
 assert not math.isnan(float(e[0]["train_loss"])) and 0 <= float(e[0]["test_accuracy"]) <= 1, e
 PY
   fail "midway's epochs: $(head -c 400 "$T/midway.json")"
+# FLOAT32 has no loss scale and skips no step: status and logs say none.
+B status "$nid" | grep -E '^ *1 ' | grep -qE -- ' -  +-$' && pass "an fp32 epoch's LOSS-SCALE and SKIPPED are -" ||
+  fail "fp32 status row: $(B status "$nid")"
+! B logs "$nid" | grep -q "scale 1" && pass "an fp32 job's logs show no loss scale" || fail "fp32 logs: $(B logs "$nid")"
+# MIXED_FLOAT16 whose every step overflows never trains: it fails and says
+# why, instead of succeeding at chance accuracy.
+fp16() { job "$1" "name: \"$1\" vdev: \"b0\"
+model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } layer { dense { units: 16 activation: RELU } } layer { dense { units: 4 } } }
+train { synthetic { examples: 256 seed: 3 classes: 4 } } test { synthetic { examples: 64 seed: 3 classes: 4 } }
+batch_size: 32 epochs: $2 seed: 1 precision: MIXED_FLOAT16 loss_scale { initial: $3 }"; }
+fp16 overflow 2 3e38
+expect_fail "an fp16 job whose every step overflowed ends FAILED" 1 \
+  "all 16 optimizer steps of the run were skipped" B submit "$T/overflow.pb" --watch
+[[ "$LAST_OUT" == *"MIXED_BFLOAT16 or FLOAT32, or with a lower learning rate"* ]] &&
+  pass "its reason suggests bf16, fp32 or a lower learning rate" || fail "overflow reason: $LAST_OUT"
+# From 1e10 the first epoch's 8 steps are all skipped, then the scale fits:
+# status counts each epoch's own skipped steps and warns of epoch 1.
+fp16 settles 4 1e10
+expect_ok "an fp16 job that overflows at first succeeds" B submit "$T/settles.pb" --watch
+sid=$(echo "$LAST_OUT" | sed -n 's/^job \([0-9]*\) submitted.*/\1/p')
+[[ "$LAST_OUT" == *"warning: epoch 1: 8 of its 8 optimizer steps were skipped"* ]] &&
+  pass "watch warns that epoch 1 skipped all its steps" || fail "settles watch: $LAST_OUT"
+expect_ok "its status" B status "$sid"
+[[ "$LAST_OUT" == *"warning: epoch 1: 8 of its 8 optimizer steps were skipped"* ]] &&
+  pass "status warns of epoch 1" || fail "settles status: $LAST_OUT"
+B --json status "$sid" >"$T/settles.json"
+$PY - "$T/settles.json" <<'PY' && pass "SKIPPED is per epoch: 8 in epoch 1, fewer in epoch 4" ||
+import json, sys
+e = json.load(open(sys.argv[1]))["job"]["epoch"]
+s = [int(x.get("skipped_steps", 0)) for x in e]
+assert len(s) == 4 and s[0] == 8 and s[3] < s[0], s
+PY
+  fail "settles epochs: $(head -c 600 "$T/settles.json")"
 expect_fail "watch of a job that does not exist" 1 NOT_FOUND B watch 999999
 [[ "$LAST_OUT" != *"lost the daemon"* ]] && pass "it says the job is not found, not that the daemon was lost" ||
   fail "watch 999999: $LAST_OUT"

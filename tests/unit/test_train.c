@@ -10,6 +10,7 @@
  * frees everything, and the MLP learns Fashion-MNIST.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -193,6 +194,46 @@ Test(train, fp16_overflow_skips_step_and_halves_scale) {
   free(before);
   free(after);
   free(end);
+  gs_train_destroy(t);
+  free(s);
+  gs_dataset_free(&tr);
+}
+
+/* A run whose every step overflowed never trained: it ends in an error that
+ * says so, not as a success at chance accuracy. Each epoch reports its own
+ * skipped steps, not the run's total so far. */
+Test(train, fp16_every_step_skipped_fails_the_run) {
+  gs_dataset tr;
+  synth(256, 0, &tr, NULL);
+  /* 4 steps per epoch, 3 epochs: from 3e38, 12 halvings stay far above
+   * where fp16 gradients fit, so every step is skipped. */
+  tspec *s = small_mlp(32, 2, 3, GS_PRECISION_MIXED_FLOAT16);
+  ts_loss_scale(s, 3e38f, 2000);
+  rec r = {0};
+  gs_train_options o = {.threads = 1, .on_step = rec_step, .on_epoch = rec_epoch, .user = &r};
+  gs_train *t = make(s, &tr, NULL, &o);
+  int rc = gs_train_run(t, &e);
+  cr_expect_eq(rc, -EBUSY, "rc %d", rc);
+  cr_expect_eq(e.code, GS_FAILED_PRECONDITION);
+  cr_expect_str_eq(e.field, "precision");
+  cr_expect(strstr(e.msg, "all 12 optimizer steps of the run were skipped") != NULL, "%s", e.msg);
+  cr_expect(strstr(e.msg, "MIXED_BFLOAT16 or FLOAT32") != NULL, "%s", e.msg);
+  cr_expect(strstr(e.msg, "lower learning rate") != NULL, "%s", e.msg);
+  gs_train_result res;
+  gs_train_result_get(t, &res);
+  cr_expect_eq(res.steps, 12);
+  cr_expect_eq(res.skipped_steps, 12, "the result counts the whole run");
+  cr_expect_eq(r.epochs_seen, 3);
+  cr_expect_eq(r.last_epoch.skipped_steps, 4, "epoch 3 skipped its own 4 steps, not 12");
+  gs_train_destroy(t);
+  free(s);
+
+  /* The same run in bf16 has no loss scale and trains. */
+  s = small_mlp(32, 2, 3, GS_PRECISION_MIXED_BFLOAT16);
+  memset(&r, 0, sizeof r);
+  t = make(s, &tr, NULL, &o);
+  cr_expect_eq(gs_train_run(t, &e), 0, "%s", e.msg);
+  cr_expect_eq(r.last_epoch.skipped_steps, 0);
   gs_train_destroy(t);
   free(s);
   gs_dataset_free(&tr);
