@@ -27,9 +27,10 @@
 #include "common/file.h"
 
 #define HDR_BYTES 24u       /* magic, version, count, file bytes */
-#define META_FIXED 60u      /* metadata before the spec bytes */
+#define META_FIXED 68u      /* metadata before the spec bytes (version 2) */
+#define META_FIXED_V1 60u   /* the same in version 1: no horizon */
 #define CRC_BYTES 4u
-#define MIN_FILE (HDR_BYTES + META_FIXED + CRC_BYTES)
+#define MIN_FILE (HDR_BYTES + META_FIXED_V1 + CRC_BYTES) /* of any version */
 #define REC_MIN 19u         /* smallest tensor record: 2 + 1 + 4 + 4 + 8 */
 #define DATA_ALIGN 64u
 
@@ -198,6 +199,7 @@ static void encode(sink *s, const gs_ckpt_meta *m, const gs_ckpt_tensor *t, size
   put_u32(s, (uint32_t)m->good_steps);
   put_u64(s, (uint64_t)m->skipped_steps);
   put_u64(s, m->seed);
+  put_u64(s, m->horizon);
   uint32_t sl = (uint32_t)strlen(m->spec);
   put_u32(s, sl);
   put(s, m->spec, sl);
@@ -549,9 +551,9 @@ static int load_buf(uint8_t *buf, size_t len, const char *what, gs_ckpt **out, g
   }
   cursor cur = {.p = buf, .pos = HDR_BYTES, .end = len - CRC_BYTES};
   const uint8_t *b;
-  uint32_t pad, ls, gs, sl;
+  uint32_t pad, ls, gs, sl = 0;
   uint64_t sk;
-  /* The fixed block always fits: len >= MIN_FILE. */
+  /* The fixed block of version 1 always fits: len >= MIN_FILE. */
   get_u64(&cur, &c->meta.step);
   get_u32(&cur, &c->meta.epoch);
   get_u32(&cur, &pad);
@@ -564,8 +566,13 @@ static int load_buf(uint8_t *buf, size_t len, const char *what, gs_ckpt **out, g
   get_u64(&cur, &sk);
   c->meta.skipped_steps = (int64_t)sk;
   get_u64(&cur, &c->meta.seed);
-  get_u32(&cur, &sl);
-  if (sl > GS_CKPT_SPEC_MAX || !take(&cur, sl, &b) || memchr(b, 0, sl)) {
+  if (version >= 2 && !get_u64(&cur, &c->meta.horizon)) {
+    rc = GS_CKPT_EFORMAT;
+    gs_err_set(e, GS_INVALID_ARGUMENT, "checkpoint",
+               "%s is too short for the metadata of format version %u", what, version);
+    goto fail;
+  }
+  if (!get_u32(&cur, &sl) || sl > GS_CKPT_SPEC_MAX || !take(&cur, sl, &b) || memchr(b, 0, sl)) {
     rc = GS_CKPT_EFORMAT;
     gs_err_set(e, GS_INVALID_ARGUMENT, "checkpoint.spec",
                "%s records a spec string of %u bytes (at most %u, no NUL, within the file)",

@@ -13,6 +13,7 @@
  *   u64 file bytes (the whole file, CRC included)
  *   metadata: u64 step, u32 epoch, u32 0, u64 data_pos, u64 opt_t,
  *             f32 loss_scale, i32 good_steps, i64 skipped_steps, u64 seed,
+ *             u64 horizon (version 2 on; absent in version 1),
  *             u32 spec length (<= GS_CKPT_SPEC_MAX), spec bytes
  *   per tensor: u16 name length (1..255), name, u32 dtype, u32 rank (<= 4),
  *             u64 shape[rank], u64 data bytes, zero padding to a multiple of
@@ -26,6 +27,9 @@
  * from an unchecked number. Writes are atomic (path.tmp, fsync, rename,
  * fsync of the directory): a crash leaves the old checkpoint or the new one,
  * never half of one.
+ *
+ * Versions: 2 added the horizon. The reader takes version 1 files too and
+ * gives them horizon 0 (not recorded); the writer writes version 2.
  */
 #ifndef GS_TRAIN_CKPT_H
 #define GS_TRAIN_CKPT_H
@@ -38,7 +42,7 @@
 #include "common/error.h"
 
 #define GS_CKPT_MAGIC "GSCKPT01"
-#define GS_CKPT_VERSION 1u
+#define GS_CKPT_VERSION 2u
 #define GS_CKPT_SPEC_MAX 4096u /* bytes of the free-form spec string */
 #define GS_CKPT_NAME_MAX 255u  /* bytes of a tensor name */
 #define GS_CKPT_RANK_MAX 4u
@@ -94,6 +98,9 @@ typedef struct gs_ckpt_meta {
   int32_t good_steps;     /* finite steps since the last scale change */
   int64_t skipped_steps;  /* steps skipped on inf/nan */
   uint64_t seed;          /* the job's seed */
+  uint64_t horizon;       /* optimizer steps the learning-rate schedule spans
+                             (the run's total steps when written); 0: not
+                             recorded (a version 1 file) */
   char spec[GS_CKPT_SPEC_MAX + 1]; /* NUL-terminated free text (job spec digest) */
 } gs_ckpt_meta;
 

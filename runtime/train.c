@@ -948,6 +948,7 @@ static int ck_snapshot(gs_train *t, const char *path, ck_write **out, gs_err *e)
   meta->good_steps = t->good_host;
   meta->skipped_steps = t->skipped_host;
   meta->seed = t->r.seed;
+  meta->horizon = t->total_steps;
   spec_digest(t, meta->spec, sizeof meta->spec);
   *out = w;
   return 0;
@@ -1005,6 +1006,30 @@ int gs_train_checkpoint(gs_train *t, const char *path, gs_err *e) {
   return rc;
 }
 
+/* A COSINE schedule's rate at a step depends on the run's total steps (its
+ * horizon, model.h: gs_recipe_learning_rate), so a resume must span the same
+ * steps as the run that wrote the checkpoint, or every rate from there on
+ * changes. The other schedules do not depend on it: a run may be lengthened
+ * or shortened. A version 1 checkpoint (horizon 0) did not record it. */
+static int check_horizon(const gs_train *t, const char *path, const gs_ckpt_meta *m, gs_err *e) {
+  const uint64_t horizon = m->horizon;
+  if (t->r.lr_schedule != GS_LR_COSINE || horizon == 0 || horizon == t->total_steps) return 0;
+  /* which of the two sets this run's length */
+  bool by_max = t->r.max_steps && t->r.max_steps < t->steps_per_epoch * t->r.epochs;
+  char now[160];
+  if (by_max)
+    snprintf(now, sizeof now, "max_steps %" PRIu64, t->r.max_steps);
+  else
+    snprintf(now, sizeof now, "epochs %u x %" PRIu64 " steps per epoch", t->r.epochs,
+             t->steps_per_epoch);
+  return gs_err_set(e, GS_FAILED_PRECONDITION, by_max ? "max_steps" : "epochs",
+                    "the checkpoint %s was written by a run of %" PRIu64 " optimizer steps, the "
+                    "horizon of its COSINE learning-rate schedule, but this run has %" PRIu64
+                    " (%s): resuming would change every learning rate from step %" PRIu64
+                    " on; set epochs or max_steps so that the run has %" PRIu64 " steps",
+                    path, horizon, t->total_steps, now, m->step, horizon);
+}
+
 static int restore(gs_train *t, const char *path, gs_err *e) {
   gs_ckpt *ck = NULL;
   ck_list c = {0};
@@ -1018,6 +1043,7 @@ static int restore(gs_train *t, const char *path, gs_err *e) {
     rc = -EINVAL;
     goto out;
   }
+  if ((rc = check_horizon(t, path, &ck->meta, e))) goto out;
   if ((rc = ck_list_build(t, &c))) {
     gs_err_set(e, GS_INTERNAL, "", "out of host memory");
     goto out;

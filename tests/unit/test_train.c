@@ -457,6 +457,76 @@ Test(train, background_checkpoint_resumes_exactly) {
 }
 Test(train, resume_is_bit_exact_fp16) { resume_case(GS_PRECISION_MIXED_FLOAT16, 2); }
 
+/* A COSINE schedule's rates depend on the run's total steps: a resume with
+ * another run length is refused with the field and both horizons, while
+ * one with the same length, or a CONSTANT schedule, resumes. */
+Test(train, resume_keeps_the_cosine_horizon) {
+  gs_dataset tr;
+  synth(256, 0, &tr, NULL);
+  char path[] = "/tmp/gs_test_train_ckpt_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  /* 16 steps per epoch, 2 epochs: a horizon of 32 */
+  tspec *s = small_mlp(16, 1, 2, GS_PRECISION_FLOAT32);
+  s->spec.optimizer.has_schedule = true;
+  s->spec.optimizer.schedule.kind = GS_LR_COSINE;
+  s->spec.optimizer.schedule.final_fraction = 0.1f;
+  gs_train_options o = {.threads = 1};
+  gs_train *t = make(s, &tr, NULL, &o);
+  cr_assert_eq(gs_train_steps(t, 5, NULL, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_train_checkpoint(t, path, &e), 0, "%s", e.msg);
+  gs_train_destroy(t);
+  gs_train_failure f;
+
+  o.resume_path = path;
+  o.epochs = 3; /* 48 steps */
+  cr_expect_lt(gs_train_create(&s->spec, B, A, &tr, NULL, &o, &t, &f, &e), 0);
+  cr_expect_null(t);
+  cr_expect_eq(e.code, GS_FAILED_PRECONDITION);
+  cr_expect_str_eq(e.field, "epochs");
+  cr_expect(strstr(e.msg, "a run of 32 optimizer steps") && strstr(e.msg, "this run has 48") &&
+                strstr(e.msg, "epochs 3 x 16 steps per epoch") && strstr(e.msg, "COSINE"),
+            "%s", e.msg);
+
+  o.epochs = 0;
+  o.has_max_steps = true;
+  o.max_steps = 20;
+  cr_expect_lt(gs_train_create(&s->spec, B, A, &tr, NULL, &o, &t, &f, &e), 0);
+  cr_expect_str_eq(e.field, "max_steps");
+  cr_expect(strstr(e.msg, "this run has 20 (max_steps 20)"), "%s", e.msg);
+  gs_alloc_stats st;
+  gs_alloc_stats_get(A, &st);
+  cr_expect_eq(st.in_use, 0, "a refused resume frees the job");
+
+  /* The same length (max_steps past the epochs changes nothing) resumes. */
+  o.max_steps = 100;
+  t = make(s, &tr, NULL, &o);
+  cr_expect_eq(gs_train_run(t, &e), 0, "%s", e.msg);
+  gs_train_result res;
+  gs_train_result_get(t, &res);
+  cr_expect_eq(res.steps, 32);
+  gs_train_destroy(t);
+
+  /* A CONSTANT schedule does not depend on the length: a longer run resumes. */
+  s->spec.optimizer.has_schedule = false;
+  o.resume_path = NULL;
+  o.has_max_steps = false;
+  t = make(s, &tr, NULL, &o);
+  cr_assert_eq(gs_train_steps(t, 5, NULL, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_train_checkpoint(t, path, &e), 0, "%s", e.msg);
+  gs_train_destroy(t);
+  o.resume_path = path;
+  o.epochs = 3;
+  t = make(s, &tr, NULL, &o);
+  cr_expect_eq(gs_train_total_steps(t), 48);
+  gs_train_destroy(t);
+
+  unlink(path);
+  free(s);
+  gs_dataset_free(&tr);
+}
+
 Test(train, resume_refuses_another_model) {
   gs_dataset tr;
   synth(256, 0, &tr, NULL);
