@@ -34,7 +34,10 @@ static const gpuctl_flag no_flags[] = {{0}};
 static const gpuctl_flag vdev_create_flags[] = {
     {"--device", NULL, "D", 0, 0, "physical device: cpu, gpu0, ... (default cpu)"},
     {"--memory", NULL, "SIZE", 0, 1, "memory limit, e.g. 4GiB, 512MiB"},
-    {"--compute", NULL, "PCT", 0, 0, "compute share in percent of the device, 1..100"},
+    {"--compute", NULL, "PCT", 0, 0,
+     "compute share, 1..100: the percent of the device's time the vdev is guaranteed while it "
+     "has work (the shares of a device add up to at most 100; idle vdevs' time goes to the busy "
+     "ones in proportion to their shares)"},
     {"--policy", NULL, "preallocate|growth", 0, 0, "reserve the whole limit now (the default) or on demand"},
     {"--tenant", NULL, "T", 0, 1, "the tenant the vdev belongs to"},
     {0}};

@@ -59,6 +59,17 @@ after=$(snapshot)
 expect_ok "quota raise" ctl quota set team-a --memory 2GiB
 expect_ok "vdev delete" ctl vdev delete b0
 expect_ok "room returns after delete" ctl vdev create a1 --memory 600MiB --compute 5 --tenant team-a
+# A share is the percent of the device a vdev is guaranteed while it has
+# work: the shares of a device add up to 100 at most, and to exactly 100.
+expect_ok "shares that fill the device to 100 exactly (50 + 5 + 45)" \
+  ctl vdev create b1 --device cpu --memory 1MiB --compute 45 --tenant team-b
+expect_fail "one share more on a full device" 1 "would pass 100 (at most 0 is left)" \
+  ctl vdev create b2 --device cpu --memory 1MiB --compute 1 --tenant team-b
+expect_ok "vdev delete b1" ctl vdev delete b1
+expect_ok "vdev create --help" ctl vdev create --help
+[[ "$LAST_OUT" == *"guaranteed while it has work"* && "$LAST_OUT" == *"add up to at most 100"* ]] &&
+  pass "--help says what a share guarantees and that a device's shares add up to at most 100" ||
+  fail "vdev create --help: $LAST_OUT"
 
 # Restart (SIGTERM) keeps all state.
 before=$(snapshot)
