@@ -710,6 +710,9 @@ static void send_progress(const job *j, Gpushare__V1__JobEvent *ev) {
   pr.has_job_id = true;
   pr.job_id = j->id;
   pr.event = ev;
+  /* Called on the job's own thread, the one that adds to device_seconds. */
+  pr.has_device_seconds = true;
+  pr.device_seconds = j->device_seconds;
   Gpushare__Exec__V1__FromExecutor m = GPUSHARE__EXEC__V1__FROM_EXECUTOR__INIT;
   m.msg_case = GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS;
   m.progress = &pr;
