@@ -87,6 +87,23 @@ static const char *const migrations[] = {
     "  seq INTEGER NOT NULL,"
     "  record BLOB NOT NULL,"
     "  PRIMARY KEY (job_id, seq));",
+    /* 2 -> 3: usage, per job, vdev and UTC day (unix seconds / 86400), added
+     * to once a second (control/usage.c). job_id 0 is a vdev's reserved
+     * memory while no job ran; no foreign keys, so what a tenant used stays
+     * when its jobs' or its own rows go. */
+    "CREATE TABLE usage("
+    "  job_id INTEGER NOT NULL,"
+    "  tenant TEXT NOT NULL,"
+    "  vdev TEXT NOT NULL,"
+    "  day INTEGER NOT NULL,"
+    "  device_seconds REAL NOT NULL DEFAULT 0,"
+    "  reserved_gib_s REAL NOT NULL DEFAULT 0,"
+    "  in_use_gib_s REAL NOT NULL DEFAULT 0,"
+    "  steps INTEGER NOT NULL DEFAULT 0,"
+    "  samples INTEGER NOT NULL DEFAULT 0,"
+    "  preemptions INTEGER NOT NULL DEFAULT 0,"
+    "  PRIMARY KEY (job_id, tenant, vdev, day));"
+    "CREATE INDEX usage_tenant_day ON usage(tenant, day);",
 };
 #define N_MIGRATIONS (sizeof migrations / sizeof migrations[0])
 _Static_assert(N_MIGRATIONS == GS_STORE_SCHEMA_VERSION, "one migration per schema version");
@@ -124,6 +141,8 @@ enum {
   Q_EVENT_INSERT,
   Q_EVENT_LIST,
   Q_VDEV_JOBS,
+  Q_USAGE_ADD,
+  Q_USAGE_LIST,
   Q_COUNT
 };
 
@@ -178,6 +197,19 @@ static const char *const sql[Q_COUNT] = {
                        " (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = ?1), ?2)",
     [Q_EVENT_LIST] = "SELECT record FROM job_events WHERE job_id = ?1 ORDER BY seq",
     [Q_VDEV_JOBS] = "SELECT COUNT(*) FROM jobs WHERE vdev = ?1 AND state IN (0, 1)",
+    [Q_USAGE_ADD] = "INSERT INTO usage(job_id, tenant, vdev, day, device_seconds, reserved_gib_s,"
+                    " in_use_gib_s, steps, samples, preemptions)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                    " ON CONFLICT (job_id, tenant, vdev, day) DO UPDATE SET"
+                    " device_seconds = device_seconds + excluded.device_seconds,"
+                    " reserved_gib_s = reserved_gib_s + excluded.reserved_gib_s,"
+                    " in_use_gib_s = in_use_gib_s + excluded.in_use_gib_s,"
+                    " steps = steps + excluded.steps, samples = samples + excluded.samples,"
+                    " preemptions = preemptions + excluded.preemptions",
+    [Q_USAGE_LIST] = "SELECT job_id, tenant, vdev, MIN(day), SUM(device_seconds),"
+                     " SUM(reserved_gib_s), SUM(in_use_gib_s), SUM(steps), SUM(samples),"
+                     " SUM(preemptions) FROM usage WHERE day >= ?1 AND (?2 IS NULL OR tenant = ?2)"
+                     " GROUP BY tenant, job_id, vdev ORDER BY tenant, job_id, vdev",
 };
 
 struct gs_store {
@@ -1305,4 +1337,81 @@ int gs_store_vdev_active_jobs(gs_store *s, const char *vdev, uint32_t *n, gs_err
   *n = rc == SQLITE_ROW ? (uint32_t)sqlite3_column_int64(q, 0) : 0;
   sqlite3_reset(q);
   return rc == SQLITE_ROW ? 0 : db_fail(s, e, "vdev jobs");
+}
+
+/* --------------------------------------------------------------- usage --- */
+
+int gs_store_usage_add(gs_store *s, const gs_usage_row *rows, size_t n, gs_err *e) {
+  if (n == 0) return 0;
+  if (begin(s, e) < 0) return gs_err_rc(e);
+  for (size_t i = 0; i < n; i++) {
+    const gs_usage_row *r = &rows[i];
+    if (!i64_ok(r->job_id) || !i64_ok(r->sum.steps) || !i64_ok(r->sum.samples)) {
+      gs_err_set(e, GS_INTERNAL, "", "store: usage of job %" PRIu64 " out of range", r->job_id);
+      return rollback(s);
+    }
+    sqlite3_stmt *q = stmt(s, Q_USAGE_ADD, e);
+    if (!q) return rollback(s);
+    sqlite3_bind_int64(q, 1, (int64_t)r->job_id);
+    sqlite3_bind_text(q, 2, r->tenant, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 3, r->vdev, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 4, r->day);
+    sqlite3_bind_double(q, 5, r->sum.device_seconds);
+    sqlite3_bind_double(q, 6, r->sum.reserved_gib_s);
+    sqlite3_bind_double(q, 7, r->sum.in_use_gib_s);
+    sqlite3_bind_int64(q, 8, (int64_t)r->sum.steps);
+    sqlite3_bind_int64(q, 9, (int64_t)r->sum.samples);
+    sqlite3_bind_int64(q, 10, r->sum.preemptions);
+    if (step_done(s, q, e, "add usage") != 0) {
+      db_fail(s, e, "add usage");
+      return rollback(s);
+    }
+  }
+  return commit(s, e);
+}
+
+int gs_store_usage_list(gs_store *s, const char *tenant, int64_t since_day, gs_usage_row **out,
+                        size_t *n, gs_err *e) {
+  *out = NULL;
+  *n = 0;
+  sqlite3_stmt *q = stmt(s, Q_USAGE_LIST, e);
+  if (!q) return gs_err_rc(e);
+  sqlite3_bind_int64(q, 1, since_day);
+  if (tenant) sqlite3_bind_text(q, 2, tenant, -1, SQLITE_TRANSIENT);
+  gs_usage_row *list = NULL;
+  size_t count = 0, cap = 0;
+  int rc;
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    if (count == cap) {
+      size_t c2 = cap ? 2 * cap : 16;
+      gs_usage_row *p = realloc(list, c2 * sizeof *list);
+      if (!p) {
+        sqlite3_reset(q);
+        free(list);
+        return gs_err_set(e, GS_INTERNAL, "", "store: out of memory");
+      }
+      list = p;
+      cap = c2;
+    }
+    gs_usage_row *r = &list[count++];
+    memset(r, 0, sizeof *r);
+    r->job_id = (uint64_t)sqlite3_column_int64(q, 0);
+    snprintf(r->tenant, sizeof r->tenant, "%s", sqlite3_column_text(q, 1));
+    snprintf(r->vdev, sizeof r->vdev, "%s", sqlite3_column_text(q, 2));
+    r->day = sqlite3_column_int64(q, 3);
+    r->sum.device_seconds = sqlite3_column_double(q, 4);
+    r->sum.reserved_gib_s = sqlite3_column_double(q, 5);
+    r->sum.in_use_gib_s = sqlite3_column_double(q, 6);
+    r->sum.steps = (uint64_t)sqlite3_column_int64(q, 7);
+    r->sum.samples = (uint64_t)sqlite3_column_int64(q, 8);
+    r->sum.preemptions = (uint32_t)sqlite3_column_int64(q, 9);
+  }
+  sqlite3_reset(q);
+  if (rc != SQLITE_DONE) {
+    free(list);
+    return db_fail(s, e, "list usage");
+  }
+  *out = list;
+  *n = count;
+  return 0;
 }

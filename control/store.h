@@ -72,7 +72,7 @@ typedef struct gs_device_usage {
 
 typedef struct gs_store gs_store;
 
-#define GS_STORE_SCHEMA_VERSION 2
+#define GS_STORE_SCHEMA_VERSION 3
 
 /* Open (creating the directory and its database if needed) and migrate.
  * The state directory is the daemon's alone: one already open to other
@@ -203,5 +203,32 @@ int gs_store_job_events(gs_store *s, uint64_t id,
                         gs_err *e);
 /* Jobs QUEUED or RUNNING in the vdev (a vdev with any is not deleted). */
 int gs_store_vdev_active_jobs(gs_store *s, const char *vdev, uint32_t *n, gs_err *e);
+
+/* ---- usage: what jobs used, per job, vdev and UTC day (control/usage.c) */
+typedef struct gs_usage_sums {
+  double device_seconds;  /* time on the device the job's steps were charged */
+  double reserved_gib_s;  /* the vdev's reserved GiB x seconds, this job's share */
+  double in_use_gib_s;    /* the job's planned peak in GiB x seconds it ran */
+  uint64_t steps;         /* optimizer steps */
+  uint64_t samples;       /* steps x micro-batch x accumulation steps */
+  uint32_t preemptions;
+} gs_usage_sums;
+
+typedef struct gs_usage_row {
+  uint64_t job_id;        /* 0: the vdev's reserved memory while no job ran */
+  char tenant[GS_NAME_MAX + 1];
+  char vdev[GS_NAME_MAX + 1];
+  int64_t day;            /* UTC day, unix seconds / 86400 (list: the first one summed) */
+  gs_usage_sums sum;
+} gs_usage_row;
+
+/* Add each row's sums to the stored row of its (job, tenant, vdev, day),
+ * all in one transaction. */
+int gs_store_usage_add(gs_store *s, const gs_usage_row *rows, size_t n, gs_err *e);
+/* The stored usage of the days from since_day on, summed per (tenant,
+ * job, vdev) and ordered so; tenant NULL: every tenant's. *out is
+ * malloc'd. */
+int gs_store_usage_list(gs_store *s, const char *tenant, int64_t since_day, gs_usage_row **out,
+                        size_t *n, gs_err *e);
 
 #endif
