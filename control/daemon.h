@@ -25,6 +25,7 @@ typedef struct gs_uploads gs_uploads;
 typedef struct gs_jobs gs_jobs;
 typedef struct gs_execs gs_execs;
 typedef struct gs_watches gs_watches;
+typedef struct gs_usage gs_usage;
 
 typedef struct gs_daemon {
   gs_config cfg;            /* in force now (SIGHUP may replace the live keys) */
@@ -43,6 +44,7 @@ typedef struct gs_daemon {
   gs_jobs *jobs;            /* the job records (job.c) */
   gs_execs *execs;          /* the executors and their reports (exec_events.c) */
   gs_watches *watches;      /* watch streams (rpc_jobs.c) */
+  gs_usage *usage;          /* what jobs and tenants used (usage.c) */
 } gs_daemon;
 
 #endif

@@ -26,6 +26,7 @@
 #include "control/sched.h"
 #include "control/store.h"
 #include "control/supervisor.h"
+#include "control/usage.h"
 
 /* An epoch end is stored and logged at most once a second (the ones between
  * are stored with the next write): a job of tiny epochs ends hundreds a
@@ -506,6 +507,7 @@ static vdev_live *live_of(gs_daemon *d, const char *name) {
 static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
   gs_job *j = gs_job_get(d, p->job_id);
   if (!j || !p->event || gs_job_final(j->rec->state)) return;
+  gs_usage_progress(d, p);
   const Gpushare__V1__JobEvent *ev = p->event;
   Gpushare__V1__Job *r = j->rec;
   if (ev->has_step) {
@@ -634,6 +636,7 @@ static bool oom_comeback(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Fini
 static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
   gs_job *j = gs_job_get(d, f->job_id);
   if (!j) return;
+  gs_usage_finished(d, f); /* while it is still placed: its last interval is its */
   Gpushare__V1__Job *r = j->rec;
   j->placed = -1;
   if (f->has_device_seconds) j->device_seconds += f->device_seconds;
@@ -709,6 +712,7 @@ static void on_stats(gs_daemon *d, const Gpushare__Exec__V1__Stats *s) {
     l->v.steps = v->steps;
     l->v.running = v->running_jobs;
   }
+  gs_usage_stats(d, s);
 }
 
 static void on_message(gs_daemon *d, gs_executor *x, const Gpushare__Exec__V1__FromExecutor *m) {

@@ -5,8 +5,8 @@
  *
  * Start-up order: configuration (defaults, then the file, then the command
  * line), the store (migrated), the devices, the socket (with gs_rpc_handle
- * as its dispatcher), the signals, the jobs of the store, the executors;
- * then READY=1 to systemd and the loop.
+ * as its dispatcher), the signals, the jobs of the store, the usage totals
+ * of the store, the executors; then READY=1 to systemd and the loop.
  *
  * Signals are handled here: SIGTERM/SIGINT drain the server and stop the
  * executors (each checkpoints its running jobs); SIGHUP reloads the
@@ -52,6 +52,7 @@
 #include "control/server.h"
 #include "control/store.h"
 #include "control/supervisor.h"
+#include "control/usage.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -192,9 +193,12 @@ static void signals_start(gs_daemon *d) {
 }
 
 /* Once a second: write again the job records the store refused (disk
- * full, I/O error), so their held events go out once it takes them. */
+ * full, I/O error), so their held events go out once it takes them; write
+ * the usage accrued since the last second; and start the jobs whose
+ * back-off after a run-time OOM is over. */
 static void on_save_timer(uv_timer_t *t) {
   gs_jobs_save_pending(t->data);
+  gs_usage_flush(t->data);
   gs_exec_events_tick(t->data);
 }
 
@@ -374,7 +378,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   signals_start(&d);
-  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_load(&d, &e) < 0 ||
+  if (gs_datasets_init(&d, &e) < 0 || gs_jobs_load(&d, &e) < 0 || gs_usage_init(&d, &e) < 0 ||
       gs_exec_events_init(&d, &e) < 0) {
     gs_error("%s", e.msg);
     goto out;
@@ -418,8 +422,12 @@ out:
              "next start %s from the state the store holds, which is what clients were told",
              unsaved, unsaved == 1 ? "" : "s", d.jobs->store_error,
              unsaved == 1 ? "it goes on" : "they go on");
+  uv_update_time(&loop);
+  if (gs_usage_flush(&d) < 0)
+    gs_error("the usage of the last second could not be written to the store; it is lost");
   gs_exec_events_free(&d);
   gs_rpc_free(&d);
+  gs_usage_free(&d);
   gs_jobs_free(&d);
   gs_store_close(d.store);
   uv_run(&loop, UV_RUN_NOWAIT);

@@ -1,9 +1,9 @@
 /*
  * metrics.c: the Prometheus text exposition of the daemon's state: devices,
  * executors, vdevs (limits, and what their executors last reported),
- * tenants, jobs by state, requests served. Read-only: it looks at the
- * store, the job table and the executors' last reports, and changes
- * nothing.
+ * tenants (and what they used, usage.c), jobs by state, requests served.
+ * Read-only: it looks at the store, the job table, the usage totals and the
+ * executors' last reports, and changes nothing.
  */
 #include "control/metrics.h"
 
@@ -16,6 +16,7 @@
 #include "control/exec_events.h"
 #include "control/job.h"
 #include "control/store.h"
+#include "control/usage.h"
 
 typedef struct text {
   char *buf;
@@ -97,7 +98,8 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       {"vdev_memory_in_use_bytes", "gauge", "Bytes of the vdev's live tensors."},
       {"vdev_memory_reserved_bytes", "gauge", "Bytes the vdev holds from its device."},
       {"vdev_memory_peak_bytes", "gauge", "Peak bytes in use in the vdev."},
-      {"vdev_device_seconds_total", "counter", "Device time the vdev's jobs used."},
+      {"vdev_device_seconds_total", "counter",
+       "Device time the vdev's jobs used, kept across restarts."},
       {"vdev_steps_total", "counter", "Optimizer steps run in the vdev."},
       {"vdev_queue_length", "gauge", "Jobs queued in the vdev."},
       {"vdev_running_jobs", "gauge", "Jobs running in the vdev."},
@@ -121,7 +123,12 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       case 1: tprintf(&t, "%" PRIu64 "\n", l->in_use); break;
       case 2: tprintf(&t, "%" PRIu64 "\n", l->reserved); break;
       case 3: tprintf(&t, "%" PRIu64 "\n", l->peak); break;
-      case 4: tprintf(&t, "%.3f\n", l->device_seconds); break;
+      case 4: {
+        gs_usage_sums u;
+        gs_usage_vdev(d, vdevs[i].name, &u);
+        tprintf(&t, "%.3f\n", u.device_seconds);
+        break;
+      }
       case 5: tprintf(&t, "%" PRIu64 "\n", l->steps); break;
       case 6: tprintf(&t, "%" PRIu64 "\n", queued); break;
       default: tprintf(&t, "%" PRIu64 "\n", running); break;
@@ -154,6 +161,31 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
   metric(&t, "tenant_memory_allocated_bytes", "gauge", "Sum of the memory limits of the tenant's vdevs.");
   for (size_t i = 0; i < nt; i++)
     tprintf(&t, "gpushare_tenant_memory_allocated_bytes{tenant=\"%s\"} %" PRIu64 "\n", tenants[i].name, tenants[i].memory_allocated);
+  static const struct { const char *name, *help; } um[] = {
+      {"tenant_device_seconds_total", "Device time the tenant's jobs used."},
+      {"tenant_reserved_gib_seconds_total",
+       "GiB-seconds of vdev memory reserved for the tenant, its jobs' shares and idle."},
+      {"tenant_in_use_gib_seconds_total", "GiB-seconds of memory the tenant's running jobs held."},
+      {"tenant_steps_total", "Optimizer steps of the tenant's jobs."},
+      {"tenant_samples_total", "Training samples of the tenant's jobs' steps."},
+      {"tenant_preemptions_total", "Times the tenant's jobs were preempted."},
+  };
+  for (size_t k = 0; k < sizeof um / sizeof um[0]; k++) {
+    metric(&t, um[k].name, "counter", um[k].help);
+    for (size_t i = 0; i < nt; i++) {
+      gs_usage_sums u;
+      gs_usage_tenant(d, tenants[i].name, &u);
+      tprintf(&t, "gpushare_%s{tenant=\"%s\"} ", um[k].name, tenants[i].name);
+      switch (k) {
+      case 0: tprintf(&t, "%.3f\n", u.device_seconds); break;
+      case 1: tprintf(&t, "%.3f\n", u.reserved_gib_s); break;
+      case 2: tprintf(&t, "%.3f\n", u.in_use_gib_s); break;
+      case 3: tprintf(&t, "%" PRIu64 "\n", u.steps); break;
+      case 4: tprintf(&t, "%" PRIu64 "\n", u.samples); break;
+      default: tprintf(&t, "%" PRIu32 "\n", u.preemptions); break;
+      }
+    }
+  }
   metric(&t, "tenant_jobs", "gauge", "Jobs of the tenant by state.");
   for (size_t i = 0; i < nt; i++)
     for (int s = 0; s < GS_JOB_STATES; s++) {
