@@ -68,6 +68,8 @@ static const struct call {
     [GPUSHARE__V1__REQUEST__CALL_MEMORY] = {"memory", GS_NEED_TENANT, gs_rpc_memory},
     [GPUSHARE__V1__REQUEST__CALL_METRICS] = {"metrics", GS_NEED_ADMIN, gs_rpc_metrics},
     [GPUSHARE__V1__REQUEST__CALL_VERSION] = {"version", GS_NEED_ANY, gs_rpc_version},
+    /* An admin reads every tenant's usage, a member its own tenant's. */
+    [GPUSHARE__V1__REQUEST__CALL_USAGE] = {"usage", GS_NEED_TENANT, gs_rpc_usage},
 };
 #define N_CALLS (sizeof calls / sizeof calls[0])
 

@@ -18,6 +18,7 @@
 #include "control/log.h"
 #include "control/metrics.h"
 #include "control/store.h"
+#include "control/usage.h"
 
 static int oom(gs_call *c, gs_err *e) {
   (void)c;
@@ -394,6 +395,11 @@ int gs_rpc_delete_vdev(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
 int gs_rpc_metrics(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   (void)rq;
   char *text;
+  /* The usage counters shown are the stored ones: written first, so a
+   * kill -9 right after cannot take back what a scrape saw and the
+   * counters never go down across a restart. (When the store refuses the
+   * write, what is kept in memory is shown.) */
+  gs_usage_flush(c->d);
   if (gs_metrics_text(c->d, &text, e) < 0) return gs_err_rc(e);
   Gpushare__V1__MetricsResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__MetricsResponse, GPUSHARE__V1__METRICS_RESPONSE__INIT);

@@ -1,6 +1,6 @@
 /*
  * rpc_jobs.c: the job calls: plan, submit, job_status, list_jobs, watch,
- * cancel, logs, fetch, memory; and the watch streams.
+ * cancel, logs, fetch, memory, usage; and the watch streams.
  *
  * Submit validates (field path and reason on error), asks admit.c whether
  * the job's plan fits its vdev (auto-fitting when the spec allows), writes
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/size.h"
@@ -32,6 +33,7 @@
 #include "control/log.h"
 #include "control/server.h"
 #include "control/store.h"
+#include "control/usage.h"
 
 typedef struct watcher {
   gs_conn *conn;
@@ -151,12 +153,30 @@ int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
-static Gpushare__V1__Job *job_view(gs_call_arena *a, const gs_job *j, bool with_spec) {
-  Gpushare__V1__Job *copy = GS_CALL_MSG(a, Gpushare__V1__Job, GPUSHARE__V1__JOB__INIT);
+static Gpushare__V1__Usage *usage_msg(gs_call_arena *a, const gs_usage_sums *u) {
+  Gpushare__V1__Usage *m = GS_CALL_MSG(a, Gpushare__V1__Usage, GPUSHARE__V1__USAGE__INIT);
+  if (!m) return NULL;
+  m->has_device_seconds = m->has_reserved_gib_seconds = m->has_in_use_gib_seconds = 1;
+  m->has_steps = m->has_samples = m->has_preemptions = 1;
+  m->device_seconds = u->device_seconds;
+  m->reserved_gib_seconds = u->reserved_gib_s;
+  m->in_use_gib_seconds = u->in_use_gib_s;
+  m->steps = u->steps;
+  m->samples = u->samples;
+  m->preemptions = u->preemptions;
+  return m;
+}
+
+/* The job as clients see it, with its usage so far (usage.c). */
+static Gpushare__V1__Job *job_view(gs_call *c, const gs_job *j, bool with_spec) {
+  Gpushare__V1__Job *copy = GS_CALL_MSG(&c->ar, Gpushare__V1__Job, GPUSHARE__V1__JOB__INIT);
   if (!copy) return NULL;
   gs_job_told(j, copy); /* shallow: packed before the job changes */
   if (!with_spec) copy->spec = NULL;
   copy->timeline = NULL;
+  gs_usage_sums u;
+  gs_usage_job(c->d, j->rec->id, &u);
+  copy->usage = usage_msg(&c->ar, &u);
   return copy;
 }
 
@@ -265,7 +285,7 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   Gpushare__V1__SubmitResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__SubmitResponse, GPUSHARE__V1__SUBMIT_RESPONSE__INIT);
   if (m) {
-    m->job = job_view(&c->ar, j, false);
+    m->job = job_view(c, j, false);
     m->plan = adm.plan;
   }
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -298,7 +318,7 @@ int gs_rpc_job_status(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (visible_job(c, rq->job_status->id, rq->job_status->has_id, &j, e) < 0) return gs_err_rc(e);
   Gpushare__V1__JobStatusResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__JobStatusResponse, GPUSHARE__V1__JOB_STATUS_RESPONSE__INIT);
-  if (!m || !(m->job = job_view(&c->ar, j, true))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  if (!m || !(m->job = job_view(c, j, true))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS;
   c->resp->job_status = m;
   return 0;
@@ -319,7 +339,7 @@ int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
     if (!j) continue;
     bool mine = c->id.tenant[0] && !strcmp(j->rec->tenant, c->id.tenant);
     if (!mine && !all) continue;
-    Gpushare__V1__Job *v = job_view(&c->ar, j, false);
+    Gpushare__V1__Job *v = job_view(c, j, false);
     if (v) m->job[m->n_job++] = v;
   }
   if (!m || c->ar.failed) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -400,7 +420,7 @@ int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (j->unsaved) return store_behind(e, j, "is being cancelled", d->jobs->store_error);
   Gpushare__V1__CancelResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__CancelResponse, GPUSHARE__V1__CANCEL_RESPONSE__INIT);
-  if (!m || !(m->job = job_view(&c->ar, j, false))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+  if (!m || !(m->job = job_view(c, j, false))) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CANCEL;
   c->resp->cancel = m;
   return 0;
@@ -513,3 +533,114 @@ int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   return 0;
 }
 
+
+/* ----------------------------------------------------------------- usage --- */
+
+static void utc_date(int64_t t, char *buf, size_t len) {
+  time_t tt = (time_t)t;
+  struct tm tm;
+  if (!gmtime_r(&tt, &tm) || !strftime(buf, len, "%Y-%m-%d", &tm)) snprintf(buf, len, "?");
+}
+
+/* One tenant's block of the answer: its rows (rows[from..to), all its own)
+ * and their sum. */
+static Gpushare__V1__TenantUsage *tenant_usage(gs_call *c, const char *name,
+                                               const gs_usage_row *rows, size_t n) {
+  gs_call_arena *a = &c->ar;
+  Gpushare__V1__TenantUsage *t =
+      GS_CALL_MSG(a, Gpushare__V1__TenantUsage, GPUSHARE__V1__TENANT_USAGE__INIT);
+  if (!t) return NULL;
+  t->tenant = gs_call_strdup(a, name);
+  t->job = gs_call_alloc(a, (n + 1) * sizeof *t->job);
+  if (!t->job) return NULL;
+  gs_usage_sums total = {0};
+  for (size_t i = 0; i < n; i++) {
+    Gpushare__V1__JobUsage *ju = GS_CALL_MSG(a, Gpushare__V1__JobUsage, GPUSHARE__V1__JOB_USAGE__INIT);
+    if (!ju) return NULL;
+    ju->has_job_id = 1;
+    ju->job_id = rows[i].job_id;
+    gs_job *j = rows[i].job_id ? gs_job_get(c->d, rows[i].job_id) : NULL;
+    ju->name = gs_call_strdup(a, j && j->rec->name ? j->rec->name : "");
+    ju->vdev = gs_call_strdup(a, rows[i].vdev);
+    ju->usage = usage_msg(a, &rows[i].sum);
+    gs_usage_sums_add(&total, &rows[i].sum);
+    t->job[t->n_job++] = ju;
+  }
+  t->total = usage_msg(a, &total);
+  return t;
+}
+
+int gs_rpc_usage(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
+  const Gpushare__V1__UsageRequest *r = rq->usage;
+  gs_daemon *d = c->d;
+  const char *tenant = r->tenant && *r->tenant ? r->tenant : NULL;
+  if (tenant && gs_store_name_valid(tenant, "tenant", e) < 0) return gs_err_rc(e);
+  if (!c->id.admin) {
+    if (tenant && strcmp(tenant, c->id.tenant) != 0)
+      return gs_err_set(e, GS_PERMISSION_DENIED, "tenant",
+                        "uid %" PRIu32 " acts as tenant %s and cannot read tenant %s's usage",
+                        c->peer->uid, c->id.tenant, tenant);
+    tenant = c->id.tenant; /* a member reads its own tenant's */
+  }
+  int64_t now = (int64_t)time(NULL), since_day = 0;
+  if (r->has_since_unix) {
+    char day[32], today[32];
+    utc_date(r->since_unix, day, sizeof day);
+    utc_date(now, today, sizeof today);
+    if (r->since_unix < 0)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "since_unix",
+                        "since_unix %" PRId64 " is before 1970; give a unix time from 0 (every "
+                        "day) up to now (%" PRId64 ")",
+                        r->since_unix, now);
+    if (gs_usage_day(r->since_unix) > gs_usage_day(now))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "since_unix",
+                        "since_unix %" PRId64 " (UTC day %s) is in the future; today is %s UTC: "
+                        "give a unix time from 0 (every day) up to now (%" PRId64 ")",
+                        r->since_unix, day, today, now);
+    since_day = gs_usage_day(r->since_unix);
+  }
+  gs_tenant *tenants = NULL;
+  size_t nt = 0, nr = 0;
+  gs_usage_row *rows = NULL;
+  if (gs_store_tenant_list(d->store, &tenants, &nt, e) < 0) return gs_err_rc(e);
+  if (gs_usage_report(d, tenant, since_day, &rows, &nr, e) < 0) goto done;
+  bool known = !tenant || nr > 0;
+  for (size_t i = 0; i < nt && !known; i++) known = !strcmp(tenants[i].name, tenant);
+  if (!known) {
+    gs_err_set(e, GS_NOT_FOUND, "tenant", "no tenant %s (gpuctl tenant list)", tenant);
+    goto done;
+  }
+  Gpushare__V1__UsageResponse *m =
+      GS_CALL_MSG(&c->ar, Gpushare__V1__UsageResponse, GPUSHARE__V1__USAGE_RESPONSE__INIT);
+  if (m) m->tenant = gs_call_alloc(&c->ar, (nt + nr + 1) * sizeof *m->tenant);
+  if (!m || !m->tenant) {
+    gs_err_set(e, GS_INTERNAL, "", "out of memory");
+    goto done;
+  }
+  /* Every tenant asked for, with or without rows, and the tenants of rows
+   * whose tenant is gone; both lists are in name order. */
+  size_t ti = 0, ri = 0;
+  while (ti < nt || ri < nr) {
+    if (ti < nt && tenant && strcmp(tenants[ti].name, tenant)) {
+      ti++;
+      continue;
+    }
+    int cmp = ti >= nt ? 1 : ri >= nr ? -1 : strcmp(tenants[ti].name, rows[ri].tenant);
+    const char *name = cmp <= 0 ? tenants[ti].name : rows[ri].tenant;
+    size_t from = ri;
+    while (ri < nr && !strcmp(rows[ri].tenant, name)) ri++;
+    if (cmp <= 0) ti++;
+    Gpushare__V1__TenantUsage *tu = tenant_usage(c, name, rows + from, ri - from);
+    if (!tu) {
+      gs_err_set(e, GS_INTERNAL, "", "out of memory");
+      goto done;
+    }
+    m->tenant[m->n_tenant++] = tu;
+  }
+  c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_USAGE;
+  c->resp->usage = m;
+done:
+  free(rows);
+  gs_tenant_list_free(tenants, nt);
+  return e->code == GS_OK ? 0 : gs_err_rc(e);
+}

@@ -15,6 +15,9 @@ int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_logs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_fetch(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 int gs_rpc_memory(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
+/* Usage per tenant and job: an admin's of every tenant (or the one named),
+ * a member's of its own tenant. */
+int gs_rpc_usage(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e);
 
 /* Drop every watch stream (at exit; a closing connection drops its own). */
 void gs_rpc_jobs_free(gs_daemon *d);

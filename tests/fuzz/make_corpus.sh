@@ -85,6 +85,7 @@ spec_body() { sed -e '/^#/d' "$1"; }
     enc Request >"$c/request/seed-submit-idx.pb"
   { echo 'id: 11 submit { spec {'; spec_body "$root/examples/fashion-mlp.txtpb"; echo '} }'; } |
     enc Request >"$c/request/seed-submit-paths.pb"
+  echo 'id: 12 usage { tenant: "alice" since_unix: 86400 }' | enc Request >"$c/request/seed-usage.pb"
 }
 
 # ---- wire: [limit][k][k piece sizes] + frames of the requests above

@@ -3,11 +3,15 @@
  * and no executors: an admin sets up a tenant, its quota and a vdev; a
  * tenant plans and submits a synthetic job (stored QUEUED: nothing runs it
  * here); bad input comes back INVALID_ARGUMENT with the field path; a
- * tenant sees none of another's jobs. */
+ * tenant sees none of another's jobs; usage accrues from executor reports
+ * (fed here by hand), is stored, read back after a restart, and read by
+ * whom it belongs to. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "control/config.h"
 #include "control/daemon.h"
@@ -15,6 +19,7 @@
 #include "control/job.h"
 #include "control/rpc.h"
 #include "control/store.h"
+#include "control/usage.h"
 #include "proto/wire.h"
 
 #define MiB (1ull << 20)
@@ -41,10 +46,12 @@ static void setup(void) {
   cr_assert_eq(gs_devices_discover(&d.cfg, &d.devices, &e), 0, "%s", e.msg);
   cr_assert_eq(gs_datasets_init(&d, &e), 0, "%s", e.msg);
   cr_assert_eq(gs_jobs_load(&d, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_usage_init(&d, &e), 0, "%s", e.msg);
 }
 
 static void teardown(void) {
   gs_rpc_free(&d);
+  gs_usage_free(&d);
   gs_jobs_free(&d);
   gs_store_close(d.store);
   uv_loop_close(&loop);
@@ -465,5 +472,209 @@ Test(rpc, metrics_count_the_queued_job) {
   gpushare__v1__response__free_unpacked(r, NULL);
   r = call(&alice, &rq);
   cr_assert_eq(r->code, GPUSHARE__V1__CODE__PERMISSION_DENIED);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+static Gpushare__V1__Response *usage_call(const gs_peer *p, const char *tenant, bool has_since,
+                                          int64_t since) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__UsageRequest u = GPUSHARE__V1__USAGE_REQUEST__INIT;
+  u.tenant = (char *)tenant;
+  u.has_since_unix = has_since;
+  u.since_unix = since;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_USAGE;
+  rq.usage = &u;
+  return call(p, &rq);
+}
+
+/* The executor's reports of one vdev: its reserved bytes, jobs running. */
+static void stats(const char *vdev, uint64_t reserved, uint32_t running) {
+  Gpushare__Exec__V1__VdevStats v = GPUSHARE__EXEC__V1__VDEV_STATS__INIT, *pv = &v;
+  v.name = (char *)vdev;
+  v.has_reserved = v.has_running_jobs = 1;
+  v.reserved = reserved;
+  v.running_jobs = running;
+  Gpushare__Exec__V1__Stats st = GPUSHARE__EXEC__V1__STATS__INIT;
+  st.n_vdev = 1;
+  st.vdev = &pv;
+  gs_usage_stats(&d, &st);
+}
+
+static void progress(uint64_t id, uint64_t step, double device_seconds) {
+  Gpushare__V1__JobEvent ev = GPUSHARE__V1__JOB_EVENT__INIT;
+  ev.has_step = 1;
+  ev.step = step;
+  Gpushare__Exec__V1__Progress p = GPUSHARE__EXEC__V1__PROGRESS__INIT;
+  p.has_job_id = p.has_device_seconds = 1;
+  p.job_id = id;
+  p.event = &ev;
+  p.device_seconds = device_seconds;
+  gs_usage_progress(&d, &p);
+}
+
+static void later(unsigned ms) {
+  usleep(ms * 1000);
+  uv_update_time(&loop);
+}
+
+/* The tenant's block of a usage answer, the job's row in it. */
+static const Gpushare__V1__JobUsage *job_row(const Gpushare__V1__TenantUsage *t, uint64_t id) {
+  for (size_t i = 0; i < t->n_job; i++)
+    if (t->job[i]->job_id == id) return t->job[i];
+  return NULL;
+}
+
+static void check_total_is_the_sum(const Gpushare__V1__TenantUsage *t) {
+  double ds = 0, res = 0, in_use = 0;
+  uint64_t steps = 0, samples = 0;
+  for (size_t i = 0; i < t->n_job; i++) {
+    ds += t->job[i]->usage->device_seconds;
+    res += t->job[i]->usage->reserved_gib_seconds;
+    in_use += t->job[i]->usage->in_use_gib_seconds;
+    steps += t->job[i]->usage->steps;
+    samples += t->job[i]->usage->samples;
+  }
+  cr_assert_float_eq(t->total->device_seconds, ds, 1e-9);
+  cr_assert_float_eq(t->total->reserved_gib_seconds, res, 1e-9);
+  cr_assert_float_eq(t->total->in_use_gib_seconds, in_use, 1e-9);
+  cr_assert_eq(t->total->steps, steps);
+  cr_assert_eq(t->total->samples, samples);
+}
+
+Test(rpc, usage_accrues_is_stored_and_read_back) {
+  setup_alice_bob();
+  spec_buf s;
+  spec_init(&s, 256);
+  Gpushare__V1__Response *r = submit(&alice, &s.spec);
+  expect_ok(r);
+  uint64_t id = r->submit->job->id;
+  gpushare__v1__response__free_unpacked(r, NULL);
+  gs_job *j = gs_job_get(&d, id);
+  cr_assert_not_null(j);
+  uint64_t batch = (uint64_t)j->rec->micro_batch * j->rec->accumulation_steps;
+  double peak_gib = (double)j->rec->planned_peak_bytes / GS_USAGE_GIB;
+  cr_assert(batch > 0 && peak_gib > 0);
+  /* As exec_events.c sees a job start: RUNNING, placed on an executor. */
+  j->rec->state = GPUSHARE__V1__JOB_STATE__RUNNING;
+  j->placed = 0;
+  uv_update_time(&loop);
+  stats("va", 256 * MiB, 1); /* the first report: figures taken, nothing charged */
+  later(200);
+  progress(id, 10, 0.5);
+  stats("va", 256 * MiB, 1); /* ~0.2 s of the job's peak and the vdev's 0.25 GiB */
+  later(100);
+  Gpushare__Exec__V1__Finished f = GPUSHARE__EXEC__V1__FINISHED__INIT;
+  f.has_job_id = f.has_steps = f.has_device_seconds = 1;
+  f.job_id = id;
+  f.steps = 20;
+  f.device_seconds = 1.25;
+  gs_usage_finished(&d, &f);
+  j->placed = -1;
+  j->rec->state = GPUSHARE__V1__JOB_STATE__SUCCEEDED;
+  cr_assert_eq(gs_usage_flush(&d), 0);
+
+  double before_ds = 0, before_res = 0;
+  for (int round = 0; round < 2; round++) {
+    r = usage_call(&alice, NULL, false, 0);
+    expect_ok(r);
+    cr_assert_eq(r->usage->n_tenant, 1, "a member sees its own tenant only");
+    const Gpushare__V1__TenantUsage *t = r->usage->tenant[0];
+    cr_assert_str_eq(t->tenant, "alice");
+    const Gpushare__V1__JobUsage *ju = job_row(t, id);
+    cr_assert_not_null(ju);
+    cr_assert_str_eq(ju->name, "tiny");
+    cr_assert_str_eq(ju->vdev, "va");
+    cr_assert_float_eq(ju->usage->device_seconds, 1.25, 1e-9);
+    cr_assert_eq(ju->usage->steps, 20);
+    cr_assert_eq(ju->usage->samples, 20 * batch);
+    /* charged from the second report to the end: 0.3 s, give or take the
+     * scheduling of this test */
+    cr_assert(ju->usage->in_use_gib_seconds >= peak_gib * 0.29 &&
+                  ju->usage->in_use_gib_seconds <= peak_gib * 2.0,
+              "in use %g GiB-s for a peak of %g GiB over ~0.3 s", ju->usage->in_use_gib_seconds, peak_gib);
+    cr_assert(ju->usage->reserved_gib_seconds >= 0.25 * 0.29 && ju->usage->reserved_gib_seconds <= 0.5,
+              "reserved %g GiB-s", ju->usage->reserved_gib_seconds);
+    check_total_is_the_sum(t);
+    if (round == 1) {
+      cr_assert_float_eq(ju->usage->device_seconds, before_ds, 1e-9);
+      cr_assert_float_eq(ju->usage->reserved_gib_seconds, before_res, 1e-9);
+    }
+    before_ds = ju->usage->device_seconds;
+    before_res = ju->usage->reserved_gib_seconds;
+    gpushare__v1__response__free_unpacked(r, NULL);
+
+    r = job_status(&alice, id);
+    expect_ok(r);
+    cr_assert_not_null(r->job_status->job->usage);
+    cr_assert_eq(r->job_status->job->usage->steps, 20);
+    cr_assert_float_eq(r->job_status->job->usage->device_seconds, 1.25, 1e-9);
+    gpushare__v1__response__free_unpacked(r, NULL);
+
+    /* A restart: the totals come back from the store. */
+    gs_usage_free(&d);
+    gs_err e;
+    gs_err_clear(&e);
+    cr_assert_eq(gs_usage_init(&d, &e), 0, "%s", e.msg);
+  }
+
+  /* A report after the restart counts on from the stored steps. */
+  j->rec->state = GPUSHARE__V1__JOB_STATE__RUNNING;
+  progress(id, 25, 0.25);
+  gs_usage_sums u;
+  cr_assert(gs_usage_job(&d, id, &u));
+  cr_assert_eq(u.steps, 25);
+  cr_assert_float_eq(u.device_seconds, 1.5, 1e-9);
+  gs_usage_preempted(&d, id);
+  cr_assert(gs_usage_job(&d, id, &u));
+  cr_assert_eq(u.preemptions, 1);
+
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__MetricsRequest m = GPUSHARE__V1__METRICS_REQUEST__INIT;
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_METRICS;
+  rq.metrics = &m;
+  r = call(&admin, &rq);
+  expect_ok(r);
+  cr_assert_not_null(strstr(r->metrics->text,
+                            "gpushare_vdev_device_seconds_total{vdev=\"va\",device=\"cpu\",tenant=\"alice\"} 1.500\n"),
+                     "%s", r->metrics->text);
+  cr_assert_not_null(strstr(r->metrics->text, "gpushare_tenant_steps_total{tenant=\"alice\"} 25\n"));
+  cr_assert_not_null(strstr(r->metrics->text, "gpushare_tenant_preemptions_total{tenant=\"alice\"} 1\n"));
+  cr_assert_not_null(strstr(r->metrics->text, "gpushare_tenant_steps_total{tenant=\"bob\"} 0\n"));
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
+
+Test(rpc, usage_is_read_by_whom_it_belongs_to) {
+  setup_alice_bob();
+  Gpushare__V1__Response *r = usage_call(&admin, NULL, false, 0);
+  expect_ok(r);
+  cr_assert_eq(r->usage->n_tenant, 2, "an admin sees every tenant");
+  cr_assert_str_eq(r->usage->tenant[0]->tenant, "alice");
+  cr_assert_str_eq(r->usage->tenant[1]->tenant, "bob");
+  cr_assert_eq(r->usage->tenant[1]->total->steps, 0);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&admin, "bob", false, 0);
+  expect_ok(r);
+  cr_assert_eq(r->usage->n_tenant, 1);
+  cr_assert_str_eq(r->usage->tenant[0]->tenant, "bob");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&bob, "alice", false, 0);
+  expect_err(r, GPUSHARE__V1__CODE__PERMISSION_DENIED, "usage.tenant");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&nobody, NULL, false, 0);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__PERMISSION_DENIED);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&admin, "nope", false, 0);
+  expect_err(r, GPUSHARE__V1__CODE__NOT_FOUND, "usage.tenant");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&alice, NULL, true, -5);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "usage.since_unix");
+  cr_assert_not_null(strstr(r->message, "-5"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&alice, NULL, true, (int64_t)time(NULL) + 3 * 86400);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "usage.since_unix");
+  cr_assert_not_null(strstr(r->message, "in the future"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = usage_call(&alice, NULL, true, (int64_t)time(NULL));
+  expect_ok(r);
   gpushare__v1__response__free_unpacked(r, NULL);
 }
