@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/cli.h"
 #include "client/client.h"
@@ -137,6 +138,30 @@ int cli_parse_i32(const gpuctl_cli *x, const char *what, const char *s, int32_t 
 int cli_parse_size(const gpuctl_cli *x, const char *what, const char *s, uint64_t *out) {
   gs_err e = {0};
   if (gs_size_parse(s, out, &e)) return cli_usage_error(x, "%s: %s", what, e.msg);
+  return 0;
+}
+
+int cli_parse_date(const gpuctl_cli *x, const char *what, const char *s, int64_t *out) {
+  int y, m, d, n = 0;
+  if (strlen(s) != 10 || sscanf(s, "%4d-%2d-%2d%n", &y, &m, &d, &n) != 3 || n != 10 ||
+      strspn(s, "0123456789-") != 10 || s[4] != '-' || s[7] != '-')
+    return cli_usage_error(x, "%s: \"%s\" is not a date; expected YYYY-MM-DD (a UTC day), e.g. 2024-05-31",
+                           what, s);
+  struct tm tm = {.tm_year = y - 1900, .tm_mon = m - 1, .tm_mday = d};
+  time_t t = timegm(&tm);
+  /* timegm normalises: 2024-02-30 comes back as another day */
+  if (y < 1970 || m < 1 || m > 12 || d < 1 || t == (time_t)-1 || tm.tm_mday != d || tm.tm_mon != m - 1)
+    return cli_usage_error(x, "%s: %s is no day of the calendar from 1970-01-01 on; expected YYYY-MM-DD",
+                           what, s);
+  time_t now = time(NULL);
+  if (t > now) {
+    char today[16];
+    struct tm g;
+    gmtime_r(&now, &g);
+    strftime(today, sizeof today, "%Y-%m-%d", &g);
+    return cli_usage_error(x, "%s: %s is in the future; today is %s (UTC)", what, s, today);
+  }
+  *out = (int64_t)t;
   return 0;
 }
 

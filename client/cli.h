@@ -36,6 +36,9 @@ int cli_parse_u32(const gpuctl_cli *x, const char *what, const char *s, uint32_t
 int cli_parse_i32(const gpuctl_cli *x, const char *what, const char *s, int32_t *out);
 /* A size as gs_size_parse reads it (4GiB, 512MiB, 1.5GB). */
 int cli_parse_size(const gpuctl_cli *x, const char *what, const char *s, uint64_t *out);
+/* A UTC day YYYY-MM-DD from 1970-01-01 to today: *out is its first second
+ * (unix time). */
+int cli_parse_date(const gpuctl_cli *x, const char *what, const char *s, int64_t *out);
 /* A job id: 1 and up. */
 int cli_parse_job_id(const gpuctl_cli *x, const char *s, uint64_t *id);
 

@@ -1,8 +1,8 @@
 /*
  * cmd_job.c: job specs and the jobs made of them: job encode and show
  * (the text and the binary form of a spec), plan, submit, status, list,
- * cancel, logs, fetch (a job's trained weights or checkpoint) and memory (a
- * job's measured memory).
+ * cancel, logs, fetch (a job's trained weights or checkpoint), memory (a
+ * job's measured memory) and usage (what jobs used, per tenant).
  *
  * A spec is read from a binary gpushare.v1.JobSpec; its datasets are
  * resolved by cmd_dataset.c before it goes to the daemon. submit --watch
@@ -502,6 +502,13 @@ static void job_show(const Gpushare__V1__Job *j) {
            table_ftime(j->last_preempted_unix));
   if (j->oom_retries)
     printf("OOMs:         %" PRIu32 " come back from (requeued or re-planned)\n", j->oom_retries);
+  if (j->usage) {
+    const Gpushare__V1__Usage *u = j->usage;
+    printf("usage:        %.3f device-s, %.3f GiB-s reserved, %.3f GiB-s in use, %" PRIu64
+           " steps, %" PRIu64 " samples, %" PRIu32 " preemption%s\n",
+           u->device_seconds, u->reserved_gib_seconds, u->in_use_gib_seconds, u->steps, u->samples,
+           u->preemptions, u->preemptions == 1 ? "" : "s");
+  }
   if (j->n_epoch) {
     printf("\n");
     table t = {0};
@@ -676,4 +683,55 @@ int gpuctl_cmd_memory(gpuctl_cli *x, gpuctl_parsed *p) {
   if (cli_parse_job_id(x, p->pos[0], &memory_msg.id)) return GPUCTL_EXIT_USAGE;
   memory_msg.has_id = 1;
   return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_MEMORY, memory_human);
+}
+
+/* ----------------------------------------------------------------- usage --- */
+
+static void usage_row(table *t, const char *id, const char *name, const char *vdev,
+                      const Gpushare__V1__Usage *u) {
+  static const Gpushare__V1__Usage zero = GPUSHARE__V1__USAGE__INIT;
+  if (!u) u = &zero;
+  table_cell(t, "%s", id);
+  table_cell(t, "%s", name);
+  table_cell(t, "%s", vdev);
+  table_cell(t, "%.3f", u->device_seconds);
+  table_cell(t, "%.3f", u->reserved_gib_seconds);
+  table_cell(t, "%.3f", u->in_use_gib_seconds);
+  table_cell(t, "%" PRIu64, u->steps);
+  table_cell(t, "%" PRIu64, u->samples);
+  table_cell(t, "%" PRIu32, u->preemptions);
+}
+
+static void usage_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  const Gpushare__V1__UsageResponse *m = r->usage;
+  for (size_t i = 0; i < m->n_tenant; i++) {
+    const Gpushare__V1__TenantUsage *tu = m->tenant[i];
+    if (i) putchar('\n');
+    printf("tenant %s\n", tu->tenant ? tu->tenant : "");
+    table t = {0};
+    table_header(&t, (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8),
+                 (const char *const[]){"JOB", "NAME", "VDEV", "DEVICE-S", "RESERVED-GIB-S", "IN-USE-GIB-S",
+                                       "STEPS", "SAMPLES", "PREEMPTIONS", NULL});
+    usage_row(&t, "total", "", "", tu->total);
+    for (size_t k = 0; k < tu->n_job; k++) {
+      const Gpushare__V1__JobUsage *ju = tu->job[k];
+      char id[32];
+      /* job 0: the vdev's reserved memory while none of the tenant's jobs ran */
+      if (ju->job_id) snprintf(id, sizeof id, "%" PRIu64, ju->job_id);
+      else snprintf(id, sizeof id, "idle");
+      usage_row(&t, id, ju->name && *ju->name ? ju->name : "-", ju->vdev ? ju->vdev : "", ju->usage);
+    }
+    table_print(&t);
+  }
+}
+
+int gpuctl_cmd_usage(gpuctl_cli *x, gpuctl_parsed *p) {
+  GPUCTL_REQ(req, usage, USAGE, Gpushare__V1__UsageRequest, GPUSHARE__V1__USAGE_REQUEST__INIT);
+  if (p->nval[0]) usage_msg.tenant = (char *)p->val[0][0];
+  if (p->nval[1]) {
+    if (cli_parse_date(x, "--since", p->val[1][0], &usage_msg.since_unix)) return GPUCTL_EXIT_USAGE;
+    usage_msg.has_since_unix = 1;
+  }
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_USAGE, usage_human);
 }

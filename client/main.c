@@ -78,6 +78,11 @@ static const gpuctl_flag fetch_flags[] = {
     {"--checkpoint", NULL, NULL, 0, 0, "the last checkpoint instead of the trained weights"},
     {0}};
 
+static const gpuctl_flag usage_flags[] = {
+    {"--tenant", NULL, "T", 0, 0, "this tenant only (an admin; a tenant's member sees its own)"},
+    {"--since", NULL, "YYYY-MM-DD", 0, 0, "the UTC days from this one on (default: every day)"},
+    {0}};
+
 static const gpuctl_command commands[] = {
     {"devices", "", 0, 0, "list physical devices, their memory and what is allocated", no_flags, gpuctl_cmd_devices, NULL},
     {"vdev create", "NAME", 1, 1, "create a virtual device (admin)", vdev_create_flags, gpuctl_cmd_vdev_create, NULL},
@@ -142,6 +147,17 @@ static const gpuctl_command commands[] = {
     {"fetch", "ID", 1, 1, "download a job's trained weights (safetensors) or checkpoint", fetch_flags, gpuctl_cmd_fetch, NULL},
     {"memory", "ID", 1, 1, "a job's measured memory: a chart of the peak by step, the peak by layer and role",
      no_flags, gpuctl_cmd_memory, NULL},
+    {"usage", "", 0, 0, "what jobs used, per tenant: device time, memory, steps, samples, preemptions",
+     usage_flags, gpuctl_cmd_usage,
+     "Per tenant a total line, then a line per job (and vdev) with: DEVICE-S, the\n"
+     "seconds of device time its steps were charged; RESERVED-GIB-S, its vdev's\n"
+     "reserved memory in GiB x seconds, split among the jobs running in it by\n"
+     "their planned peaks; IN-USE-GIB-S, its planned peak in GiB x the seconds it\n"
+     "ran; STEPS and SAMPLES (steps x micro-batch x accumulation steps); and\n"
+     "PREEMPTIONS. A line \"idle\" is a vdev's reserved memory while none of its\n"
+     "jobs ran (a PREALLOCATE vdev holds its whole limit). The daemon writes these\n"
+     "figures to its store every second: they survive restarts. --since counts the\n"
+     "UTC days from the one given. With --json: the gpushare.v1.UsageResponse.\n"},
     {"metrics", "", 0, 0, "the daemon's metrics in Prometheus text format", no_flags, gpuctl_cmd_metrics, NULL},
     {"version", "", 0, 0, "versions, and who the daemon thinks you are", no_flags, gpuctl_cmd_version, NULL},
 };

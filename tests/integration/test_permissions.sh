@@ -98,6 +98,7 @@ c_logs() { as "$1" logs "$J1"; }
 c_fetch() { as "$1" fetch "$J1" -o "$FILES/w-$1.safetensors"; }
 c_memory() { as "$1" memory "$J1"; }
 c_metrics() { as "$1" metrics; }
+c_usage() { as "$1" usage --tenant a; }
 
 #   call            admin owner other unknown
 row version         $OK $OK $OK $OK c_version
@@ -127,6 +128,7 @@ row logs            $OK $OK $NF $PD c_logs
 row fetch           $OK $OK $NF $PD c_fetch
 row memory          $OK $OK $NF $PD c_memory
 row metrics         $OK $PD $PD $PD c_metrics
+row usage           $OK $OK $PD $PD c_usage
 
 # Every call of the protocol has its row.
 calls=$(sed -n '/^message Request {/,/^}/p' "$PROTO/gpushare.proto" | grep -oE '^ +[A-Za-z]+Request [a-z_0-9]+ = ' | awk '{print $2}' | sort)
