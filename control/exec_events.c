@@ -568,6 +568,7 @@ static void on_paused(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Finishe
   }
   r->has_preemptions = r->has_last_preempted_unix = r->has_resume = 1;
   r->preemptions++;
+  gs_usage_preempted(d, r->id);
   r->last_preempted_unix = (int64_t)(gs_job_now_ms() / 1000);
   r->resume = 1;
   gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__PREEMPTED, why);

@@ -58,6 +58,8 @@ wait_state "$lo" PREEMPTED 30 && pass "job $lo is PREEMPTED for job $hi" || fail
 wait_state "$hi" SUCCEEDED 120 && pass "job $hi SUCCEEDED" || fail "job $hi did not succeed"
 wait_state "$lo" SUCCEEDED 180 && pass "job $lo resumed and SUCCEEDED" || fail "job $lo did not finish"
 [ "$(field "$lo" "['preemptions']")" = 1 ] && pass "its record counts 1 preemption" || fail "preemptions: $(field "$lo" ".get('preemptions')")"
+[ "$(field "$lo" "['usage'].get('preemptions', 0)")" = 1 ] && pass "its usage counts the preemption" ||
+  fail "usage: $(field "$lo" ".get('usage')")"
 A logs "$lo" >"$T/low.log"
 grep -q "PREEMPTED" "$T/low.log" && grep -q "resuming from its checkpoint" "$T/low.log" &&
   pass "its log has the preemption and the resume" || fail "log: $(tail -5 "$T/low.log")"
