@@ -648,7 +648,17 @@ static void on_finished(gs_daemon *d, const Gpushare__Exec__V1__Finished *f) {
   if (f->interrupted) {
     /* Checkpointed for a shutdown: it stays RUNNING and resumes at start. */
     j->resume_pending = true;
+    r->has_shutdown_checkpoint = 1;
+    r->shutdown_checkpoint = 1;
     gs_job_persist(d, j);
+    Gpushare__V1__JobEvent ev;
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "gpushared is stopping: checkpointed at step %" PRIu64 "; it resumes there when "
+             "gpushared starts again",
+             r->step);
+    gs_job_state_event(j, &ev, msg);
+    gs_job_log_event(d, j, &ev);
     gs_info("job %" PRIu64 " checkpointed at step %" PRIu64 " for shutdown", r->id, r->step);
     return;
   }

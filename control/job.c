@@ -447,6 +447,24 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
     }
   }
   gs_store_job_rows_free(rows, n);
+  /* Each job to resume says in its log how the last daemon left it. */
+  for (uint64_t i = 0; i < d->jobs->cap; i++) {
+    gs_job *j = d->jobs->by_id[i];
+    if (!j || !j->resume_pending) continue;
+    Gpushare__V1__JobEvent ev;
+    gs_job_state_event(j, &ev,
+                       j->rec->shutdown_checkpoint
+                           ? "gpushared started again: resuming from the checkpoint written "
+                             "when it stopped"
+                           : "gpushared started again after stopping without checkpointing "
+                             "this job (a crash, kill -9 or power loss): resuming from its last "
+                             "checkpoint; the steps after it run again");
+    gs_job_log_event(d, j, &ev);
+    if (j->rec->shutdown_checkpoint) {
+      j->rec->shutdown_checkpoint = 0;
+      gs_job_persist(d, j);
+    }
+  }
   if (n) gs_info("%zu jobs in the store: %u to resume, %u queued", n, resumed, queued);
   return job_dirs_reserved(d, dir, e);
 }

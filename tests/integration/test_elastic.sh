@@ -104,5 +104,16 @@ wait_state "$oo" SUCCEEDED 180 && pass "job $oo came back from its run-time OOM 
 [ "$(field "$oo" "['oom']['cause']")" = QUOTA ] && pass "its OOM report (QUOTA) is kept" || fail "no OOM report kept"
 A logs "$oo" | grep -q "run-time OOM (QUOTA) at micro-batch 64: resuming from its last checkpoint with micro-batch 32 x 2" &&
   pass "its log says what happened" || fail "log: $(A logs "$oo" | tail -3)"
+
+# --- a clean stop and start under a running job: both in its log ------------------
+cl=$(submit low)
+steps_at_least "$cl" 60 && pass "job $cl runs" || fail "job $cl did not run"
+stop_daemon
+start_daemon
+wait_state "$cl" SUCCEEDED 180 && pass "job $cl resumed after the restart and SUCCEEDED" || fail "job $cl did not finish"
+A logs "$cl" >"$T/cl.log"
+grep -q "gpushared is stopping: checkpointed at step" "$T/cl.log" &&
+  grep -q "gpushared started again: resuming from the checkpoint written when it stopped" "$T/cl.log" &&
+  pass "its log has gpushared's stop and start" || fail "log: $(tail -5 "$T/cl.log")"
 stop_daemon
 finish

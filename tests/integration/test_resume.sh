@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A job that lives through a kill -9 of gpushared: it resumes from its last
 # checkpoint and ends with its whole history, the epochs before the crash
-# and after it, in gpuctl status and in watch's last line.
+# and after it, in gpuctl status and in watch's last line; its log says
+# gpushared went down under it.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
@@ -35,5 +36,8 @@ e = [m["epoch"] for m in json.load(open(sys.argv[1]))["job"]["epoch"]]
 assert e == [1, 2, 3, 4], e
 PY
   fail "epochs after the restart: $($PY -c "import json,sys; print([m['epoch'] for m in json.load(open(sys.argv[1]))['job']['epoch']])" "$T/four.json")"
+A_logs=$(ctl_as 4001 65534 logs "$id")
+[[ "$A_logs" == *"gpushared started again after stopping without checkpointing this job"* ]] &&
+  pass "its log says gpushared died under it and it resumed" || fail "no crash line in its log"
 stop_daemon
 finish
