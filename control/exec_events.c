@@ -149,6 +149,22 @@ static bool vdev_ready(gs_daemon *d, const gs_vdev *v, size_t *dev) {
   return x && gs_supervisor_ready(x);
 }
 
+/* A GROWTH vdev's first region (runtime/alloc.c): what a job's regions
+ * can pass twice its peak by. */
+#define GS_GROWTH_FIRST_REGION ((uint64_t)2 << 20)
+
+/* What j's vdev may reserve from its device for it (gs_sched_job). */
+static uint64_t device_bytes(const gs_job *j, const gs_vdev *vdevs, size_t nv) {
+  for (size_t v = 0; v < nv; v++) {
+    if (strcmp(vdevs[v].name, j->rec->vdev)) continue;
+    if (!vdevs[v].policy) return 0; /* PREALLOCATE: its region is held anyway */
+    uint64_t peak = j->rec->planned_peak_bytes, twice = peak > UINT64_MAX / 2 ? UINT64_MAX : 2 * peak;
+    twice = twice > UINT64_MAX - GS_GROWTH_FIRST_REGION ? UINT64_MAX : twice + GS_GROWTH_FIRST_REGION;
+    return twice < vdevs[v].memory_limit ? twice : vdevs[v].memory_limit;
+  }
+  return 0;
+}
+
 /* One pass: resume the RUNNING jobs that wait for their (ready) executor,
  * then start what the scheduler starts. Returns how many jobs failed on
  * the way (a dataset gone): the scheduler then runs again without them,
@@ -174,6 +190,7 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
   gs_tenant *tenants = NULL;
   size_t nt = 0, nj = 0, n_out = 0;
   gs_sched_quota *quotas = NULL;
+  const char **vdev_dev = NULL;
   if (!jobs || !sv || !out) goto done;
   if (gs_store_tenant_list(d->store, &tenants, &nt, &e) < 0) {
     gs_error("scheduler: %s", e.msg);
@@ -183,10 +200,20 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
   if (!quotas) goto done;
   for (size_t i = 0; i < nt; i++)
     quotas[i] = (gs_sched_quota){tenants[i].name, tenants[i].quota.max_running};
+  gs_sched_device devs[GS_DEVICES_MAX];
+  for (size_t i = 0; i < d->devices.n && i < GS_DEVICES_MAX; i++) {
+    devs[i] = (gs_sched_device){d->devices.dev[i].name, d->devices.dev[i].usable, 0};
+    for (size_t v = 0; v < nv; v++)
+      if (!vdevs[v].policy && !strcmp(vdevs[v].device, devs[i].name))
+        devs[i].fixed += vdevs[v].memory_limit;
+  }
+  vdev_dev = calloc(nv + 1, sizeof *vdev_dev);
+  if (!vdev_dev) goto done;
   for (size_t v = 0; v < nv; v++) {
     size_t dev;
     sv[v] = (gs_sched_vdev){vdevs[v].name, vdevs[v].memory_limit, vdev_ready(d, &vdevs[v], &dev),
                             gs_device_data_in_memory(vdevs[v].device)};
+    vdev_dev[v] = vdevs[v].device;
   }
   uint64_t now_ms = gs_job_now_ms();
   for (uint64_t i = 0; i < J->cap; i++) {
@@ -208,7 +235,10 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
         .preemptible = j->rec->spec->preemptible,
         .run_started = j->rec->run_started_unix,
         .last_preempted = j->rec->last_preempted_unix,
-        .stopping = j->pausing};
+        .stopping = j->pausing,
+        .physical_wait = gs_job_waiting(j->rec->state) && j->rec->resume && j->rec->oom &&
+                         j->rec->oom->cause == GPUSHARE__V1__OOM_CAUSE__PHYSICAL,
+        .device_bytes = device_bytes(j, vdevs, nv)};
   }
   gs_sched_input in = {jobs,
                        nj,
@@ -218,7 +248,10 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
                        nt,
                        (int64_t)(now_ms / 1000),
                        d->cfg.preempt_min_run_s,
-                       d->cfg.preempt_interval_s};
+                       d->cfg.preempt_interval_s,
+                       devs,
+                       d->devices.n < GS_DEVICES_MAX ? d->devices.n : GS_DEVICES_MAX,
+                       vdev_dev};
   if (gs_sched_run(&in, out, &n_out, &e) < 0) {
     gs_error("scheduler: %s", e.msg);
     goto done;
@@ -248,6 +281,7 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
     if (gs_job_final(j->rec->state)) failed++;
   }
 done:
+  free(vdev_dev);
   free(quotas);
   gs_tenant_list_free(tenants, nt);
   free(out);
@@ -482,6 +516,37 @@ void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev
   free(sj);
   free(jj);
   free(keep);
+  /* Waiting jobs that no longer fit the vdev even alone: re-planned now
+   * (auto_fit), or told. */
+  bool in_memory = gs_device_data_in_memory(nv->device);
+  for (uint64_t i = 0; J && nv->memory_limit < old->memory_limit && i < J->cap; i++) {
+    gs_job *j = J->by_id[i];
+    if (!j || !gs_job_waiting(j->rec->state) || strcmp(j->rec->vdev, nv->name)) continue;
+    Gpushare__V1__Job *r = j->rec;
+    uint64_t data = in_memory ? r->data_bytes : 0;
+    if (r->planned_peak_bytes <= nv->memory_limit && data <= nv->memory_limit - r->planned_peak_bytes)
+      continue;
+    gs_admit a;
+    if (r->spec->has_auto_fit && r->spec->auto_fit &&
+        gs_admit_replan(r->spec, nv, nv->memory_limit, r->data_bytes, r->micro_batch,
+                        r->accumulation_steps, false, &a, &e) == 0 &&
+        a.fits) {
+      action_add(actions, n_actions,
+                 "job %" PRIu64 " (%s): re-planned from micro-batch %" PRIu32 " x %" PRIu32
+                 " to %" PRIu32 " x %" PRIu32 " (auto_fit)",
+                 r->id, gs_job_state_name(r->state), r->micro_batch, r->accumulation_steps,
+                 a.micro_batch, a.accumulation_steps);
+      r->micro_batch = a.micro_batch;
+      r->accumulation_steps = a.accumulation_steps;
+      r->planned_peak_bytes = a.peak_bytes;
+      gs_job_persist(d, j);
+    } else {
+      action_add(actions, n_actions,
+                 "job %" PRIu64 " (%s): its plan no longer fits the vdev even alone; it waits "
+                 "until the vdev grows (or cancel it)",
+                 r->id, gs_job_state_name(r->state));
+    }
+  }
   gs_exec_events_vdevs_changed(d);
 }
 

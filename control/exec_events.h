@@ -58,8 +58,9 @@ int gs_exec_events_least_memory(gs_daemon *d, const gs_vdev *v, uint64_t *least,
 /* Vdev old became nv (stored already): the running jobs that no longer
  * fit nv's limit (sched.c's gs_sched_shrink) are paused at their next step
  * boundary, auto_fit ones to resume at once with a smaller micro-batch,
- * the others requeued PREEMPTED; then the executors hear of the change and
- * the queues run (a larger vdev starts what now fits). One line per job
+ * the others requeued PREEMPTED; waiting jobs that no longer fit even
+ * alone are re-planned (auto_fit) or named; then the executors hear of the
+ * change and the queues run (a larger vdev starts what now fits). One line per job
  * acted on goes to actions (each owned by the caller, freed with free()):
  * *n_actions of them. */
 void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev *nv,

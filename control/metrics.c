@@ -123,13 +123,14 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       case 1: tprintf(&t, "%" PRIu64 "\n", l->in_use); break;
       case 2: tprintf(&t, "%" PRIu64 "\n", l->reserved); break;
       case 3: tprintf(&t, "%" PRIu64 "\n", l->peak); break;
-      case 4: {
+      case 4:
+      case 5: { /* kept in the store: monotone across restarts */
         gs_usage_sums u;
         gs_usage_vdev(d, vdevs[i].name, &u);
-        tprintf(&t, "%.3f\n", u.device_seconds);
+        if (k == 4) tprintf(&t, "%.3f\n", u.device_seconds);
+        else tprintf(&t, "%" PRIu64 "\n", u.steps);
         break;
       }
-      case 5: tprintf(&t, "%" PRIu64 "\n", l->steps); break;
       case 6: tprintf(&t, "%" PRIu64 "\n", queued); break;
       default: tprintf(&t, "%" PRIu64 "\n", running); break;
       }

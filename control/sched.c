@@ -86,11 +86,25 @@ static bool fits(const gs_sched_vdev *vd, uint64_t used, const held_data *h, con
   return data <= limit && add <= limit - data;
 }
 
-/* What is needed to choose victims: the vdev, the jobs started in this run
- * so far (out[0..n_start)), and room for the recount. */
+/* The device vdev `name` is on (NULL: not told). */
+static const gs_sched_device *device_of(const gs_sched_input *in, const char *name) {
+  if (!in->vdev_device) return NULL;
+  for (size_t i = 0; i < in->n_vdevs; i++)
+    if (!strcmp(in->vdevs[i].name, name)) {
+      for (size_t k = 0; in->vdev_device[i] && k < in->n_devices; k++)
+        if (!strcmp(in->devices[k].name, in->vdev_device[i])) return &in->devices[k];
+      return NULL;
+    }
+  return NULL;
+}
+
+/* What is needed to choose victims: where the head must fit (its vdev, or,
+ * for a PHYSICAL shortage, its device), the jobs started in this run so
+ * far (out[0..n_start)), and room for the recount. */
 typedef struct preempt_ctx {
   const gs_sched_input *in;
-  const gs_sched_vdev *vd;
+  const gs_sched_vdev *vd;     /* vdev level: in this vdev's limit */
+  const gs_sched_device *dev;  /* device level (vd NULL): in this device's usable bytes */
   const gs_sched_decision *started;
   size_t n_started;
   const gs_sched_job **cand;   /* room for n_jobs */
@@ -110,24 +124,34 @@ static bool is_victim(const preempt_ctx *c, size_t nc, const gs_sched_job *j) {
   return false;
 }
 
-/* Does head fit in the vdev once the chosen victims are gone? */
+/* Is j where the head must fit (its vdev, or a vdev on its device)? */
+static bool in_scope(const preempt_ctx *c, const gs_sched_job *j) {
+  if (c->vd) return !strcmp(j->vdev, c->vd->name);
+  return device_of(c->in, j->vdev) == c->dev && j->device_bytes;
+}
+
+/* Does head fit once the chosen victims are gone? In a vdev: peaks and
+ * data as gs_sched_run counts them; on a device: the fixed bytes and the
+ * running jobs' device_bytes against its usable bytes. */
 static bool fits_without(preempt_ctx *c, size_t nc, const gs_sched_job *head) {
-  uint64_t used = 0;
+  uint64_t used = c->vd ? 0 : c->dev->fixed;
   c->h.n = 0;
   c->h.bytes = 0;
   for (size_t i = 0; i < c->in->n_jobs; i++) {
     const gs_sched_job *j = &c->in->jobs[i];
-    if (j->state != GS_SCHED_RUNNING || strcmp(j->vdev, c->vd->name) || is_victim(c, nc, j))
-      continue;
-    used = j->planned_peak > UINT64_MAX - used ? UINT64_MAX : used + j->planned_peak;
+    if (j->state != GS_SCHED_RUNNING || !in_scope(c, j) || is_victim(c, nc, j)) continue;
+    uint64_t b = c->vd ? j->planned_peak : j->device_bytes;
+    used = b > UINT64_MAX - used ? UINT64_MAX : used + b;
     data_hold(&c->h, j);
   }
   for (size_t i = 0; i < c->n_started; i++) {
     const gs_sched_job *j = job_of(c->in, c->started[i].job);
-    if (!j || strcmp(j->vdev, c->vd->name)) continue;
-    used = j->planned_peak > UINT64_MAX - used ? UINT64_MAX : used + j->planned_peak;
+    if (!j || !in_scope(c, j)) continue;
+    uint64_t b = c->vd ? j->planned_peak : j->device_bytes;
+    used = b > UINT64_MAX - used ? UINT64_MAX : used + b;
     data_hold(&c->h, j);
   }
+  if (!c->vd) return used <= c->dev->usable && head->device_bytes <= c->dev->usable - used;
   return fits(c->vd, used, &c->h, head);
 }
 
@@ -154,7 +178,7 @@ static size_t choose_victims(preempt_ctx *c, const gs_sched_job *head, size_t *n
   size_t n = 0;
   for (size_t i = 0; i < c->in->n_jobs; i++) {
     const gs_sched_job *j = &c->in->jobs[i];
-    if (!strcmp(j->vdev, c->vd->name) && preemptable(c->in, j, head)) c->cand[n++] = j;
+    if (in_scope(c, j) && preemptable(c->in, j, head)) c->cand[n++] = j;
   }
   *nc = n;
   if (!n) return 0;
@@ -172,12 +196,28 @@ static size_t choose_victims(preempt_ctx *c, const gs_sched_job *head, size_t *n
   return chosen;
 }
 
-static bool vdev_stopping(const gs_sched_input *in, const gs_sched_vdev *vd) {
-  for (size_t i = 0; i < in->n_jobs; i++)
-    if (in->jobs[i].state == GS_SCHED_RUNNING && in->jobs[i].stopping &&
-        !strcmp(in->jobs[i].vdev, vd->name))
+/* Is a job where the head must fit being stopped already? */
+static bool scope_stopping(const preempt_ctx *c) {
+  for (size_t i = 0; i < c->in->n_jobs; i++)
+    if (c->in->jobs[i].state == GS_SCHED_RUNNING && c->in->jobs[i].stopping &&
+        in_scope(c, &c->in->jobs[i]))
       return true;
   return false;
+}
+
+/* Make room for head where c says: WAIT_PREEMPTING with the victims'
+ * decisions appended to wait[], or `otherwise` when none would do. */
+static gs_sched_reason make_room(preempt_ctx *c, const gs_sched_job *head,
+                                 gs_sched_reason otherwise, gs_sched_decision *wait,
+                                 size_t *n_wait) {
+  if (scope_stopping(c)) return GS_SCHED_WAIT_PREEMPTING;
+  size_t nc = 0;
+  if (!choose_victims(c, head, &nc)) return otherwise;
+  for (size_t i = 0; i < nc; i++)
+    if (c->victim[i])
+      wait[(*n_wait)++] = (gs_sched_decision){c->cand[i]->id, c->cand[i]->vdev, GS_SCHED_PREEMPT,
+                                              head->id};
+  return GS_SCHED_WAIT_PREEMPTING;
 }
 
 int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out, gs_err *e) {
@@ -229,26 +269,22 @@ int gs_sched_run(const gs_sched_input *in, gs_sched_decision *out, size_t *n_out
         else if (qt->max_running && running_of(in, out, n_start, j->tenant) >= qt->max_running)
           why = GS_SCHED_WAIT_MAX_RUNNING;
       }
+      pc.started = out;
+      pc.n_started = n_start;
       if (why == GS_SCHED_WAIT_MEMORY && blocked == GS_SCHED_START) {
         /* The head of the queue: room may be made by stopping lower-priority jobs. */
         const gs_sched_quota *qt = quota_of(in, j->tenant);
         bool quota_ok = qt && (!qt->max_running ||
                                running_of(in, out, n_start, j->tenant) < qt->max_running);
-        size_t nc = 0;
-        if (quota_ok && vdev_stopping(in, vd)) {
-          why = GS_SCHED_WAIT_PREEMPTING;
-        } else if (quota_ok) {
-          pc.vd = vd;
-          pc.started = out;
-          pc.n_started = n_start;
-          if (choose_victims(&pc, j, &nc)) {
-            why = GS_SCHED_WAIT_PREEMPTING;
-            for (size_t i = 0; i < nc; i++)
-              if (pc.victim[i])
-                wait[n_wait++] = (gs_sched_decision){pc.cand[i]->id, vd->name, GS_SCHED_PREEMPT,
-                                                     j->id};
-          }
-        }
+        pc.vd = vd;
+        pc.dev = NULL;
+        if (quota_ok) why = make_room(&pc, j, why, wait, &n_wait);
+      } else if (why == GS_SCHED_START && j->physical_wait && (pc.dev = device_of(in, vd->name))) {
+        /* It met a full device: it starts when the device has room, made
+         * by stopping lower-priority jobs of any of its vdevs if need be. */
+        pc.vd = NULL;
+        if (!fits_without(&pc, 0, j))
+          why = make_room(&pc, j, GS_SCHED_WAIT_DEVICE, wait, &n_wait);
       }
       if (why == GS_SCHED_START) {
         out[n_start++] = (gs_sched_decision){j->id, vd->name, GS_SCHED_START, 0};
@@ -331,6 +367,9 @@ const char *gs_sched_reason_text(gs_sched_reason why) {
   case GS_SCHED_WAIT_PREEMPTING:
     return "waits while lower-priority jobs of its vdev are checkpointed and stopped for it";
   case GS_SCHED_PREEMPT: return "is preempted for a higher-priority job";
+  case GS_SCHED_WAIT_DEVICE:
+    return "waits for its device's memory: it met a full device, and the running jobs there "
+           "hold more than leaves room for it";
   }
   return "waits";
 }

@@ -28,6 +28,14 @@
  * is stopping (its pause sent, its memory not yet free) no more are
  * chosen. A head that cannot fit even so waits for memory.
  *
+ * A job that met a full device (physical_wait: requeued after a PHYSICAL
+ * OOM on an oversubscribed device) starts, once it is its vdev's turn,
+ * only when its device_bytes fit beside the device's fixed bytes and the
+ * device_bytes of all running jobs of its vdevs within its usable bytes;
+ * if not, running jobs of that device that hold device_bytes may be
+ * preempted for it, chosen as above (from any of its vdevs), else it waits
+ * with GS_SCHED_WAIT_DEVICE.
+ *
  * What a vdev's jobs hold: their planned peaks, and their datasets' host
  * bytes, counted once per data key (jobs of a vdev that train on the same
  * datasets share one copy in the executor). On the cpu device both are
@@ -59,6 +67,11 @@ typedef struct gs_sched_job {
   int64_t run_started;     /* RUNNING: unix seconds its current run began */
   int64_t last_preempted;  /* unix seconds it was last preempted (0: never) */
   bool stopping;           /* RUNNING: asked to pause; its memory is not free yet */
+  bool physical_wait;      /* QUEUED after a PHYSICAL OOM: starts when its device has room */
+  uint64_t device_bytes;   /* what its vdev may reserve from the device for it (GROWTH:
+                            * regions double, so up to about twice its peak, within the
+                            * vdev's limit; 0 in a PREALLOCATE vdev, whose region is held
+                            * whether jobs run or not) */
 } gs_sched_job;
 
 typedef struct gs_sched_vdev {
@@ -67,6 +80,13 @@ typedef struct gs_sched_vdev {
   bool ready;              /* its device's executor is up and can take a job */
   bool data_in_memory;     /* host data counts in memory_limit (the cpu device) */
 } gs_sched_vdev;
+
+/* A physical device: the bytes its vdevs' jobs may hold in all. */
+typedef struct gs_sched_device {
+  const char *name;
+  uint64_t usable;
+  uint64_t fixed;          /* held whatever runs: its PREALLOCATE vdevs' limits */
+} gs_sched_device;
 
 typedef struct gs_sched_quota {
   const char *tenant;
@@ -83,6 +103,7 @@ typedef enum gs_sched_reason {
   GS_SCHED_WAIT_NO_TENANT, /* its tenant has no quota row (deleted) */
   GS_SCHED_WAIT_PREEMPTING, /* lower-priority jobs of its vdev are being stopped for it */
   GS_SCHED_PREEMPT,        /* a RUNNING job: stop it (checkpointed) for for_job */
+  GS_SCHED_WAIT_DEVICE,    /* met a full device; the running jobs there leave no room */
 } gs_sched_reason;
 
 typedef struct gs_sched_decision {
@@ -102,6 +123,9 @@ typedef struct gs_sched_input {
   int64_t now;             /* unix seconds, for the preemption guards */
   int64_t preempt_min_run_s;  /* a run this young is not preempted */
   int64_t preempt_interval_s; /* nor a job preempted this recently */
+  const gs_sched_device *devices;
+  size_t n_devices;
+  const char *const *vdev_device; /* per vdevs[i], the name of its device (NULL: none given) */
 } gs_sched_input;
 
 /* One decision per queued job of in, and one per running job to preempt,

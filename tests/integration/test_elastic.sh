@@ -81,11 +81,16 @@ steps_at_least "$fit" 100 && pass "job $fit runs at micro-batch 64" || fail "job
 expect_fail "a shrink below what its jobs need at micro-batch 1 is refused" 1 "even at micro-batch 1" \
   ctl vdev set a0 --memory 1MiB
 [ "$(ctl --json vdev list | json_field "['vdev'][0]['memory_limit']")" = 16777216 ] && pass "the refused shrink changed nothing" || fail "limit changed"
+waiter=$(submit fit)
+[ "$(field "$waiter" "['state']")" = QUEUED ] && pass "job $waiter waits behind it" || fail "job $waiter: $(field "$waiter" "['state']")"
 small=$((data + peak32 + (peak64 - peak32) / 2))
 expect_ok "shrink to $small bytes under the running job" ctl vdev set a0 --memory "$small"
 echo "$LAST_OUT"
 [[ "$LAST_OUT" == *"re-planned from micro-batch 64 x 1 to 32 x 2"* ]] && pass "gpuctl says it is re-planned to 32 x 2" || fail "vdev set said: $LAST_OUT"
+[[ "$LAST_OUT" == *"job $waiter (QUEUED): re-planned from micro-batch 64 x 1 to 32 x 2"* ]] &&
+  pass "and the queued job $waiter is re-planned too" || fail "vdev set said: $LAST_OUT"
 wait_state "$fit" SUCCEEDED 180 && pass "job $fit SUCCEEDED" || fail "job $fit did not finish"
+wait_state "$waiter" SUCCEEDED 180 && pass "job $waiter SUCCEEDED after it" || fail "job $waiter did not finish"
 [ "$(field "$fit" "['micro_batch']")" = 32 ] && [ "$(field "$fit" "['accumulation_steps']")" = 2 ] &&
   pass "it ended at micro-batch 32 x 2 (effective batch 64 kept)" || fail "batch: $(field "$fit" "['micro_batch']") x $(field "$fit" "['accumulation_steps']")"
 vpeak=$(ctl --json vdev list | json_field "['vdev'][0]['memory_peak']")

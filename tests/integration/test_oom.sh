@@ -13,6 +13,7 @@ set -u
 need_protoc
 sed -i 's/^cpu_memory = .*/cpu_memory = 120MiB/' "$CONF"
 echo "memory_oversubscribe = yes" >>"$CONF"
+echo "preempt_min_run_s = 0" >>"$CONF"
 
 # job NAME VDEV STEPS: a 784-4096-10 MLP, about 60 MiB planned with Adam
 job() {
@@ -69,5 +70,25 @@ wait_state "$ja" SUCCEEDED 120 && pass "a's job, tried again with the memory bac
 peak=$(ctl --json status "$jb" | json_field "['job']['epoch'][-1]['peak_memory_bytes']")
 $PY -c "import sys; sys.exit(0 if 0 < $peak <= 100*2**20 else 1)" \
   && pass "b's peak $peak stayed within its 100 MiB" || fail "b's peak $peak"
+
+# A job of a higher priority that meets the full device does not wait for
+# the device's other jobs to end: once requeued, it preempts b's job (in
+# another vdev of the device), runs, and b's job resumes after it.
+job long2 b0 400
+sed 's/^name: "victim" vdev: "a0"/name: "urgent" vdev: "a0" priority: 9/' "$T/victim.txtpb" >"$T/urgent.txtpb"
+protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/urgent.txtpb" >"$T/urgent.pb"
+chmod 644 "$T/urgent.pb"
+expect_ok "b's long job" B submit "$T/long2.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
+for _ in $(seq 300); do
+  m=$(ctl --json status "$jb" | json_field "['job'].get('step',0)"); [ "$m" -ge 1 ] && break; sleep 0.1; done
+expect_ok "a's priority-9 job" A submit "$T/urgent.pb"; ju=$(A --json list | json_field "['job'][-1]['id']")
+wait_state "$ju" SUCCEEDED 120 && pass "a's priority-9 job succeeded" || fail "a's job did not succeed"
+wait_state "$jb" SUCCEEDED 180 && pass "b's job resumed and succeeded" || fail "b's job did not finish"
+[ "$(ctl --json status "$ju" | json_field "['job'].get('oom_retries', 0)")" -ge 1 ] &&
+  pass "a's job met the full device first" || fail "a's job never met the full device"
+[ "$(ctl --json status "$jb" | json_field "['job'].get('preemptions', 0)")" = 1 ] &&
+  pass "b's job was preempted once" || fail "b's job was not preempted"
+ctl logs "$jb" | grep -q "preempted by job $ju (urgent, priority 9" &&
+  pass "b's job's log names a's job" || fail "log: $(ctl logs "$jb" | tail -4)"
 stop_daemon
 finish

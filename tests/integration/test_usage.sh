@@ -71,11 +71,16 @@ for _ in $(seq 300); do s=$(step); [ "$s" -ge 400 ] && break; sleep 0.1; done
 [ "$s" -ge 400 ] && [ "$s" -lt 3000 ] && pass "job $J3 at step $s of 3000: gpushared is killed (kill -9)" ||
   fail "job $J3 was at step $s when the kill was due (400 to 2999 wanted)"
 vdev_ds() { ctl metrics | sed -n 's/^gpushare_vdev_device_seconds_total{vdev="a0".*} //p'; }
+vdev_steps() { ctl metrics | sed -n 's/^gpushare_vdev_steps_total{vdev="a0".*} //p'; }
 m1=$(vdev_ds)   # metrics writes the usage first: this much is stored
+s1=$(vdev_steps)
 ctl --json usage >"$T/before.json"
 kill9_daemon
 start_daemon
 m2=$(vdev_ds)
+s2=$(vdev_steps)
+[ "$s1" -gt 0 ] && [ "$s2" -ge "$s1" ] && pass "vdev steps did not go down across the restart ($s1 -> $s2)" ||
+  fail "vdev steps went from $s1 to $s2 across the restart"
 $PY -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if b >= a > 0 else 1)" "$m1" "$m2" &&
   pass "vdev device seconds did not go down across the restart ($m1 -> $m2)" ||
   fail "vdev device seconds went from $m1 to $m2 across the restart"

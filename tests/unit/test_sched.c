@@ -18,7 +18,7 @@ static int64_t now = 10000, min_run = 60, interval = 300;
 
 static void run(const gs_sched_job *jobs, size_t nj, const gs_sched_vdev *vdevs, size_t nv,
                 const gs_sched_quota *quotas, size_t nq) {
-  gs_sched_input in = {jobs, nj, vdevs, nv, quotas, nq, now, min_run, interval};
+  gs_sched_input in = {jobs, nj, vdevs, nv, quotas, nq, now, min_run, interval, NULL, 0, NULL};
   gs_err e;
   gs_err_clear(&e);
   memset(out, 0, sizeof out);
@@ -33,10 +33,10 @@ static gs_sched_reason why_of(uint64_t id) {
 }
 
 static gs_sched_job q(uint64_t id, const char *vdev, int32_t prio, int64_t at, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak, 0, 0, false, 0, 0, false};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_QUEUED, prio, at, peak, 0, 0, false, 0, 0, false, false, 0};
 }
 static gs_sched_job r(uint64_t id, const char *vdev, uint64_t peak) {
-  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak, 0, 0, false, 0, 0, false};
+  return (gs_sched_job){id, "alice", vdev, GS_SCHED_RUNNING, 0, 1, peak, 0, 0, false, 0, 0, false, false, 0};
 }
 
 static const gs_sched_quota alice = {"alice", 0};
@@ -115,8 +115,8 @@ Test(sched, several_vdevs_in_order_max_running_across_them) {
   gs_sched_job jobs[] = {
       q(1, "b", 9, 1, MiB),                                 /* alice, started first: b... */
       q(2, "a", 0, 1, MiB),                                 /* ...no: a comes first */
-      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB, 0, 0, false, 0, 0, false},     /* bob's: too big for c */
-      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB, 0, 0, false, 0, 0, false},
+      {3, "bob", "c", GS_SCHED_QUEUED, 0, 1, 20 * MiB, 0, 0, false, 0, 0, false, false, 0},     /* bob's: too big for c */
+      {4, "bob", "c", GS_SCHED_QUEUED, 0, 2, 5 * MiB, 0, 0, false, 0, 0, false, false, 0},
   };
   run(jobs, 4, vs, 3, quotas, 2);
   cr_assert_eq(n_out, 4);
@@ -135,7 +135,7 @@ Test(sched, several_vdevs_in_order_max_running_across_them) {
 Test(sched, executor_not_ready_vdev_and_tenant_gone) {
   gs_sched_vdev vs[] = {{"down", 100 * MiB, false, true}, {"up", 100 * MiB, true, true}};
   gs_sched_job jobs[] = {q(1, "down", 0, 1, MiB), q(2, "gone", 0, 1, MiB),
-                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB, 0, 0, false, 0, 0, false}, q(4, "up", 0, 2, MiB)};
+                         {3, "carol", "up", GS_SCHED_QUEUED, 0, 1, MiB, 0, 0, false, 0, 0, false, false, 0}, q(4, "up", 0, 2, MiB)};
   run(jobs, 4, vs, 2, &alice, 1);
   cr_assert_eq(n_out, 4);
   cr_assert_eq(why_of(1), GS_SCHED_WAIT_EXECUTOR);
@@ -391,4 +391,47 @@ Test(sched, oom_decisions) {
   in.max_retries = 0;
   in.retries = 0;
   cr_assert_eq(gs_sched_oom_decide(&in), GS_SCHED_OOM_FAIL);
+}
+
+/* ------------------------------------------------------- device shortage --- */
+
+Test(sched, physical_wait_preempts_on_the_device) {
+  /* Two GROWTH vdevs of 100 MiB on an oversubscribed device of 120 MiB. */
+  gs_sched_vdev vs[] = {{"a", 100 * MiB, true, false}, {"b", 100 * MiB, true, false}};
+  const char *vdev_dev[] = {"gpu0", "gpu0"};
+  gs_sched_device dev = {"gpu0", 120 * MiB, 0};
+  gs_sched_job bj = rp(1, 0, 1, 90 * MiB);
+  bj.vdev = "b";
+  bj.device_bytes = 90 * MiB;
+  gs_sched_job head = q(9, "a", 9, 1, 50 * MiB);
+  head.physical_wait = true;
+  head.device_bytes = 50 * MiB;
+  gs_sched_job jobs[] = {bj, head};
+  gs_sched_input in = {jobs, 2, vs, 2, &alice, 1, now, min_run, interval, &dev, 1, vdev_dev};
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_eq(gs_sched_run(&in, out, &n_out, &e), 0);
+  /* 90 + 50 > 120: b's lower-priority job is stopped, on another vdev. */
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_PREEMPTING);
+  cr_assert(preempted(1, 9));
+  for (size_t i = 0; i < n_out; i++)
+    if (out[i].job == 1) cr_assert_str_eq(out[i].vdev, "b");
+  /* Not preemptible: it waits for the device. */
+  jobs[0].preemptible = false;
+  cr_assert_eq(gs_sched_run(&in, out, &n_out, &e), 0);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_DEVICE);
+  /* Room on the device: it starts. */
+  jobs[0].device_bytes = 70 * MiB;
+  cr_assert_eq(gs_sched_run(&in, out, &n_out, &e), 0);
+  cr_assert_eq(why_of(9), GS_SCHED_START);
+  /* PREALLOCATE vdevs' regions count whatever runs. */
+  dev.fixed = 10 * MiB;
+  cr_assert_eq(gs_sched_run(&in, out, &n_out, &e), 0);
+  cr_assert_eq(why_of(9), GS_SCHED_WAIT_DEVICE);
+  dev.fixed = 0;
+  /* A job that did not meet a full device is not held back by it. */
+  jobs[0].device_bytes = 90 * MiB;
+  jobs[1].physical_wait = false;
+  cr_assert_eq(gs_sched_run(&in, out, &n_out, &e), 0);
+  cr_assert_eq(why_of(9), GS_SCHED_START);
 }
