@@ -109,6 +109,14 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
   j->resume_pending = false;
 }
 
+/* An event that is not a state change, into the job's log and to its watchers. */
+static void note_event(gs_daemon *d, gs_job *j, const char *msg) {
+  Gpushare__V1__JobEvent ev;
+  gs_job_state_event(j, &ev, msg);
+  gs_job_log_event(d, j, &ev);
+  gs_job_publish(d, j, &ev, false);
+}
+
 /* Ask j's executor to stop it at its next step boundary with a checkpoint. */
 static void pause_job(gs_daemon *d, gs_job *j, int kind, const char *why) {
   if (j->placed < 0 || j->pausing) return;
@@ -123,12 +131,9 @@ static void pause_job(gs_daemon *d, gs_job *j, int kind, const char *why) {
   j->pausing = true;
   j->pause_kind = kind;
   gs_info("job %" PRIu64 ": %s", j->rec->id, why);
-  Gpushare__V1__JobEvent ev;
   char msg[600];
   snprintf(msg, sizeof msg, "%s; stopping at its next step boundary", why);
-  gs_job_state_event(j, &ev, msg);
-  gs_job_log_event(d, j, &ev);
-  gs_job_publish(d, j, &ev, false);
+  note_event(d, j, msg);
 }
 
 /* The scheduler chose j to make room for `by`. */
@@ -625,10 +630,7 @@ static void on_paused(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Finishe
     j->resume_pending = true;
     gs_job_persist(d, j);
     gs_info("job %" PRIu64 ": %s", r->id, msg);
-    Gpushare__V1__JobEvent ev;
-    gs_job_state_event(j, &ev, msg);
-    gs_job_log_event(d, j, &ev);
-    gs_job_publish(d, j, &ev, false);
+    note_event(d, j, msg);
     return;
   }
   r->has_preemptions = r->has_last_preempted_unix = r->has_resume = 1;
@@ -877,12 +879,9 @@ static void on_died(gs_daemon *d, gs_executor *x, const char *why, bool planned)
       gs_warn("job %" PRIu64 " will resume from its checkpoint: its executor %s", j->rec->id, why);
       j->resume_pending = true;
       gs_job_persist(d, j);
-      Gpushare__V1__JobEvent ev;
       char msg[256];
       snprintf(msg, sizeof msg, "executor %s; resuming from the last checkpoint", why);
-      gs_job_state_event(j, &ev, msg);
-      gs_job_log_event(d, j, &ev);
-      gs_job_publish(d, j, &ev, false);
+      note_event(d, j, msg);
     }
   }
   if (planned) {

@@ -969,37 +969,24 @@ static void *job_main(void *arg) {
       gs_err_prefix(&e, "export");
       err_text(&e, reason, sizeof reason);
     }
-  } else if (atomic_load(&j->stop) == STOP_PAUSE) {
-    /* Paused for another job or a smaller vdev: checkpointed, to resume. */
+  } else if (atomic_load(&j->stop) == STOP_PAUSE || atomic_load(&j->stop) == STOP_INTERRUPT) {
+    /* Paused (for another job, a smaller vdev) or interrupted (the
+     * executor's shutdown): checkpointed, to resume. */
     state = GPUSHARE__V1__JOB_STATE__CANCELLED;
-    paused = true;
+    paused = atomic_load(&j->stop) == STOP_PAUSE;
+    interrupted = !paused;
+    char what[600], why[400];
+    if (paused) snprintf(what, sizeof what, "%s", j->pause_reason);
+    else snprintf(what, sizeof what, "interrupted by the executor's shutdown");
     if (gs_train_checkpoint(t, j->ckpt, &e)) {
-      char why[400];
       err_text(&e, why, sizeof why);
       snprintf(reason, sizeof reason,
                "%s; stopped at step %" PRIu64 " but its checkpoint could not be written (%s), "
                "so it resumes from the previous one",
-               j->pause_reason, res.steps, why);
+               what, res.steps, why);
     } else {
-      snprintf(reason, sizeof reason, "%s; checkpointed at step %" PRIu64 " of %" PRIu64,
-               j->pause_reason, res.steps, gs_train_total_steps(t));
-    }
-  } else if (atomic_load(&j->stop) == STOP_INTERRUPT) {
-    state = GPUSHARE__V1__JOB_STATE__CANCELLED;
-    interrupted = true;
-    if (gs_train_checkpoint(t, j->ckpt, &e)) {
-      char why[900];
-      err_text(&e, why, sizeof why);
-      snprintf(reason, sizeof reason,
-               "interrupted by the executor's shutdown at step %" PRIu64
-               "; the checkpoint could not be written (%s), so a resume starts from the "
-               "previous one",
-               res.steps, why);
-    } else {
-      snprintf(reason, sizeof reason,
-               "interrupted by the executor's shutdown at step %" PRIu64
-               "; checkpoint written to %s",
-               res.steps, j->ckpt);
+      snprintf(reason, sizeof reason, "%s; checkpointed at step %" PRIu64 " of %" PRIu64, what,
+               res.steps, gs_train_total_steps(t));
     }
   } else {
     state = GPUSHARE__V1__JOB_STATE__CANCELLED;
