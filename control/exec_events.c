@@ -280,8 +280,14 @@ static int schedule_pass(gs_daemon *d, gs_vdev *vdevs, size_t nv) {
     bool resume = j->rec->resume; /* preempted or requeued: from its checkpoint */
     j->rec->has_resume = 1;
     j->rec->resume = 0;
+    char ck[PATH_MAX];
+    struct stat st;
+    gs_job_file(d, j->rec->id, "checkpoint.ckpt", ck, sizeof ck);
     gs_job_transition(d, j, GPUSHARE__V1__JOB_STATE__RUNNING,
-                      resume ? "resuming from its checkpoint" : NULL);
+                      !resume                ? NULL
+                      : stat(ck, &st) == 0 ? "resuming from its checkpoint"
+                                           : "starting again from its first step (it had "
+                                             "not written a checkpoint yet)");
     exec_send_start(d, j, dev, resume);
     if (gs_job_final(j->rec->state)) failed++;
   }

@@ -309,7 +309,11 @@ int gs_job_transition(gs_daemon *d, gs_job *j, Gpushare__V1__JobState st, const 
     j->resume_pending = false;
     d->jobs->finished[st]++;
   }
-  if (reason) gs_job_set_str(&r->reason, reason);
+  /* A reason says why a job waits or ended; one that runs has none (the
+   * reason it was preempted or requeued no longer holds), and the words
+   * given go to its log only. */
+  if (st == GPUSHARE__V1__JOB_STATE__RUNNING) gs_job_set_str(&r->reason, NULL);
+  else if (reason) gs_job_set_str(&r->reason, reason);
   int rc = gs_job_persist(d, j);
   char msg[1200];
   snprintf(msg, sizeof msg, "%s%s%s", gs_job_state_name(st), reason ? ": " : "",
