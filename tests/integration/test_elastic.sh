@@ -4,7 +4,8 @@
 # and the preempted one resumes and ends with the same weights, bit for bit,
 # as an uninterrupted run; a vdev shrunk under a running auto_fit job goes on
 # with a smaller micro-batch and the allocator's peak stays under the new
-# limit; a run-time OOM of an auto_fit job is come back from.
+# limit, and a job without auto_fit waits PREEMPTED until a grow starts it
+# again; a run-time OOM of an auto_fit job is come back from.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
@@ -102,8 +103,25 @@ tpeak=$(A --json memory "$fit" | json_field "['timeline']['peak_bytes']")
 [ "$tpeak" -le "$small" ] && pass "the job's measured peak after the shrink ($tpeak) is within it" || fail "job peak $tpeak"
 A logs "$fit" | grep -q "shrunk.*resuming with micro-batch 32 x 2" && pass "its log says why and how it goes on" || fail "no re-plan in its log"
 
+# --- a shrink without auto_fit, and a grow that starts what now fits --------------
+expect_ok "the vdev grows to 16 MiB" ctl vdev set a0 --memory 16MiB
+fixed=$(submit low)
+steps_at_least "$fixed" 60 && pass "job $fixed (no auto_fit) runs" || fail "job $fixed did not run"
+tight=$((data + peak32 - 262144))
+expect_ok "shrink to $tight bytes: below its plan" ctl vdev set a0 --memory "$tight"
+[[ "$LAST_OUT" == *"job $fixed: checkpointed and requeued PREEMPTED (no auto_fit)"* ]] &&
+  pass "gpuctl says it is checkpointed and requeued" || fail "vdev set said: $LAST_OUT"
+wait_state "$fixed" PREEMPTED 60 && pass "job $fixed waits PREEMPTED" || fail "job $fixed is not PREEMPTED"
+[[ "$(field "$fixed" "['reason']")" == *"shrunk"*"no auto_fit"*checkpointed* ]] &&
+  pass "its reason says the vdev shrank and where it stopped" || fail "reason: $(field "$fixed" "['reason']")"
+sleep 1
+[ "$(field "$fixed" "['state']")" = PREEMPTED ] && pass "it stays PREEMPTED while it cannot fit" || fail "job $fixed: $(field "$fixed" "['state']")"
+expect_ok "the vdev grows back to 16 MiB" ctl vdev set a0 --memory 16MiB
+for _ in $(seq 100); do [ "$(field "$fixed" "['state']")" != PREEMPTED ] && break; sleep 0.05; done
+[ "$(field "$fixed" "['state']")" != PREEMPTED ] && pass "the grow starts it at once" || fail "job $fixed still waits"
+wait_state "$fixed" SUCCEEDED 180 && pass "job $fixed resumed and SUCCEEDED" || fail "job $fixed did not finish"
+
 # --- OOM recovery ---------------------------------------------------------------
-expect_ok "the vdev grows to 16 MiB again" ctl vdev set a0 --memory 16MiB
 oo=$(submit oomer)
 wait_state "$oo" SUCCEEDED 180 && pass "job $oo came back from its run-time OOM and SUCCEEDED" || fail "job $oo: $(field "$oo" ".get('reason')")"
 [ "$(field "$oo" "['oom_retries']")" = 1 ] && pass "one OOM come back from" || fail "oom_retries: $(field "$oo" ".get('oom_retries')")"
