@@ -33,7 +33,8 @@
  * non-empty bin (found with the bitmap: 8 words at most). Inserting a free
  * block walks only past the smaller blocks of its own bin (sizes within
  * 12.5% of each other; small bins hold one size). The largest free block is
- * the tail of the highest non-empty bin, so the stats are O(bins / 64).
+ * the tail of the highest non-empty bin, so the stats are O(bins / 64)
+ * (and, for GROWTH, a walk of the regions: what a new region could be).
  *
  * Live blocks are found by address in a chained hash map (power-of-two
  * buckets, grown at load 1; a failed growth only lengthens chains). A pointer
@@ -563,6 +564,20 @@ static void gs__stats_locked(const gs_alloc *a, gs_alloc_stats *st) {
   st->total_free = a->reserved - a->in_use;
   st->fragmentation =
       st->total_free ? 1.0 - (double)st->largest_free / (double)st->total_free : 0.0;
+  /* A PREALLOCATE allocator whose limit was lowered holds regions past cap:
+   * only cap - in_use may be handed out (the QUOTA check of malloc). */
+  st->headroom = a->cap > a->in_use ? a->cap - a->in_use : 0;
+  uint64_t place = st->largest_free;
+  if (a->policy == GS_POLICY_GROWTH) { /* as gs__grow would reserve */
+    uint64_t empty = 0;
+    for (const gs__region *r = a->regions; r; r = r->next)
+      if (r->live == 0) empty += r->size;
+    uint64_t fresh = a->cap > a->reserved ? a->cap - a->reserved + empty : empty;
+    if (fresh > place) place = fresh;
+  }
+  st->largest_placeable = place < st->headroom ? place : st->headroom;
+  st->headroom_fragmentation =
+      st->headroom ? 1.0 - (double)st->largest_placeable / (double)st->headroom : 0.0;
 }
 
 int gs_alloc_malloc(gs_alloc *a, size_t bytes, const gs_alloc_tag *tag, void **out,

@@ -58,6 +58,19 @@ typedef struct gs_alloc_stats {
                               without reserving (0 when none) */
   uint64_t total_free;     /* reserved - in_use */
   double fragmentation;    /* 1 - largest_free / total_free (0 when no free) */
+  /* What the next allocations could get, device permitting: what the
+   * live-reporting figures (gpuctl vdev list, metrics) show. */
+  uint64_t headroom;       /* the limit (rounded down to 256) - in_use: bytes
+                              that may still be in use at once */
+  uint64_t largest_placeable; /* the largest block one allocation could get
+                              now, at most headroom: PREALLOCATE, the largest
+                              free block of its regions; GROWTH, the larger of
+                              that and one new region of what the limit leaves
+                              unreserved (the regions with no live block
+                              counted as released), if the device gives it */
+  double headroom_fragmentation; /* 1 - largest_placeable / headroom (0 when
+                              headroom is 0): the share of the headroom no
+                              single allocation can take */
 } gs_alloc_stats;
 
 /* Why an allocation failed; filled by gs_alloc_malloc on failure. */

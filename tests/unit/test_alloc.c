@@ -895,3 +895,89 @@ Test(alloc, set_limit_preallocate) {
   gs_alloc_destroy(a);
   fake_fini();
 }
+
+/* ---- what the next allocation could get (headroom, largest placeable) ---- */
+
+/* largest_placeable is exact: a block of it is placed, one 256 bytes larger
+ * is not. Leaves the allocator as it was. */
+static void placeable_is_exact(gs_alloc *a) {
+  gs_alloc_stats st = stats_of(a);
+  cr_assert_gt(st.largest_placeable, 0);
+  gs_oom_cause cause;
+  cr_assert_eq(try_alloc(a, st.largest_placeable + GS_ALLOC_ALIGN, &cause), -ENOMEM,
+               "a block past largest_placeable %llu was placed",
+               (unsigned long long)st.largest_placeable);
+  char *p = must_alloc(a, st.largest_placeable);
+  gs_alloc_free(a, p);
+}
+
+Test(alloc, placeable_preallocate) {
+  fake_init(SIZE_MAX);
+  gs_alloc *a = make(MiB, GS_POLICY_PREALLOCATE);
+  gs_alloc_stats st = stats_of(a);
+  cr_assert_eq(st.headroom, MiB);
+  cr_assert_eq(st.largest_placeable, MiB);
+  cr_assert_eq(st.headroom_fragmentation, 0.0);
+
+  char *A = must_alloc(a, 1024), *B = must_alloc(a, 3072), *C = must_alloc(a, 256);
+  gs_alloc_free(a, B); /* a 3072-byte hole before C, the tail after it */
+  st = stats_of(a);
+  size_t tail = MiB - 1024 - 3072 - 256;
+  cr_assert_eq(st.headroom, MiB - 1024 - 256);
+  cr_assert_eq(st.largest_placeable, tail, "the region's largest free block: the tail");
+  cr_assert_float_eq(st.headroom_fragmentation, 1.0 - (double)tail / (double)(MiB - 1280), 1e-12);
+  cr_assert_eq(st.headroom_fragmentation, st.fragmentation, "one region of the whole limit");
+  placeable_is_exact(a);
+
+  /* Lowered: the region stays, the free tail is larger than what the
+   * limit lets be handed out. */
+  cr_assert_eq(gs_alloc_set_limit(a, 512 * KiB), 0);
+  st = stats_of(a);
+  cr_assert_eq(st.headroom, 512 * KiB - 1280);
+  cr_assert_eq(st.largest_placeable, 512 * KiB - 1280, "capped by the limit, not the region");
+  cr_assert_eq(st.headroom_fragmentation, 0.0);
+  cr_assert_gt(st.largest_free, st.largest_placeable);
+  placeable_is_exact(a);
+  char *D = must_alloc(a, 512 * KiB - 1280);
+  st = stats_of(a);
+  cr_assert_eq(st.headroom, 0);
+  cr_assert_eq(st.largest_placeable, 0);
+  cr_assert_eq(st.headroom_fragmentation, 0.0);
+  gs_alloc_free(a, A);
+  gs_alloc_free(a, C);
+  gs_alloc_free(a, D);
+  gs_alloc_destroy(a);
+  fake_fini();
+}
+
+Test(alloc, placeable_growth) {
+  fake_init(SIZE_MAX);
+  gs_alloc *a = make(8 * MiB, GS_POLICY_GROWTH);
+  gs_alloc_stats st = stats_of(a);
+  cr_assert_eq(st.reserved, 0);
+  cr_assert_eq(st.largest_placeable, 8 * MiB, "no region yet: one region of the whole limit");
+  cr_assert_eq(st.headroom_fragmentation, 0.0);
+  placeable_is_exact(a);
+  gs_alloc_destroy(a); /* anew: the region sizes below follow the first */
+  a = make(8 * MiB, GS_POLICY_GROWTH);
+
+  char *x = must_alloc(a, MiB); /* the first region: 2 MiB */
+  char *y = must_alloc(a, 2 * MiB); /* the next: twice the last, 4 MiB */
+  st = stats_of(a);
+  cr_assert_eq(st.reserved, 6 * MiB);
+  cr_assert_eq(st.headroom, 5 * MiB);
+  cr_assert_eq(st.largest_free, 2 * MiB);
+  cr_assert_eq(st.largest_placeable, 2 * MiB, "free blocks and the 2 MiB left unreserved");
+  cr_assert_float_eq(st.headroom_fragmentation, 1.0 - 2.0 / 5.0, 1e-12);
+
+  gs_alloc_free(a, x); /* the first region is empty: it would be released */
+  st = stats_of(a);
+  cr_assert_eq(st.headroom, 6 * MiB);
+  cr_assert_eq(st.largest_free, 2 * MiB);
+  cr_assert_eq(st.largest_placeable, 4 * MiB, "2 MiB unreserved + the empty 2 MiB region");
+  cr_assert_float_eq(st.headroom_fragmentation, 1.0 - 4.0 / 6.0, 1e-12);
+  placeable_is_exact(a);
+  gs_alloc_free(a, y);
+  gs_alloc_destroy(a);
+  fake_fini();
+}
