@@ -132,6 +132,7 @@ typedef struct job {
   size_t n_epochs, cap_epochs;
   uint64_t epoch_step;     /* the step of the last epoch end this run (0: none) */
   double device_seconds;   /* time on the device this run */
+  uint64_t data_bytes;     /* host bytes of its datasets' (shared) copy */
   struct job *next;
 } job;
 
@@ -363,6 +364,12 @@ static void send_stats(void) {
     vs[i].device_seconds = fst.device_seconds;
     vs[i].steps = fst.steps;
     vs[i].running_jobs = v->running;
+    if (v->alloc) {
+      vs[i].has_free_bytes = vs[i].has_largest_free_bytes = vs[i].has_fragmentation = true;
+      vs[i].free_bytes = st.headroom;
+      vs[i].largest_free_bytes = st.largest_placeable;
+      vs[i].fragmentation = st.headroom_fragmentation;
+    }
     pv[i] = &vs[i];
   }
   Gpushare__Exec__V1__Stats s = GPUSHARE__EXEC__V1__STATS__INIT;
@@ -686,6 +693,11 @@ static shared_sets *sets_take(const Gpushare__Exec__V1__StartJob *s, const gs_jo
   return NULL; /* not reached */
 }
 
+/* Host bytes a loaded set holds: a byte per pixel, an int32 label. */
+static uint64_t set_bytes(const gs_dataset *d) {
+  return d->n * (gs_dataset_image_bytes(d) + sizeof *d->labels);
+}
+
 static void sets_drop(shared_sets *x) {
   if (!x) return;
   pthread_mutex_lock(&sets_mu);
@@ -704,12 +716,19 @@ static void sets_drop(shared_sets *x) {
   free(x);
 }
 
-/* A job's event to the control plane, as Progress. */
-static void send_progress(const job *j, Gpushare__V1__JobEvent *ev) {
+/* A job's event to the control plane, as Progress; after a step, with
+ * what the job holds (p). */
+static void send_progress(const job *j, Gpushare__V1__JobEvent *ev, const gs_train_progress *p) {
   Gpushare__Exec__V1__Progress pr = GPUSHARE__EXEC__V1__PROGRESS__INIT;
   pr.has_job_id = true;
   pr.job_id = j->id;
   pr.event = ev;
+  if (p) {
+    pr.has_device_bytes = pr.has_host_bytes = pr.has_host_data_bytes = true;
+    pr.device_bytes = p->job_bytes;
+    pr.host_data_bytes = j->data_bytes;
+    pr.host_bytes = p->host_bytes + j->data_bytes;
+  }
   /* Called on the job's own thread, the one that adds to device_seconds. */
   pr.has_device_seconds = true;
   pr.device_seconds = j->device_seconds;
@@ -742,7 +761,7 @@ static void on_step(void *user, const gs_train_progress *p) {
   ev.memory_in_use = p->memory_in_use;
   ev.memory_limit = j->v->limit;
   ev.loss_scale = p->loss_scale;
-  send_progress(j, &ev);
+  send_progress(j, &ev, p);
 }
 
 /* An epoch's figures as the protocol carries them. */
@@ -818,7 +837,7 @@ static void on_epoch(void *user, const gs_train_epoch *e) {
   ev.has_memory_limit = true;
   ev.memory_limit = j->v->limit;
   ev.epoch_end = &em;
-  send_progress(j, &ev);
+  send_progress(j, &ev, NULL);
 }
 
 /* The job's OomReport, from the runtime's one builder (runtime/oom.h): the
@@ -880,6 +899,7 @@ static void *job_main(void *arg) {
     err_text(&e, reason, sizeof reason);
     goto report;
   }
+  j->data_bytes = set_bytes(&sets->train) + (sets->has_test ? set_bytes(&sets->test) : 0);
   if (atomic_load(&j->stop)) goto report;
   {
     /* The planner's peak, reported beside the measured one. */

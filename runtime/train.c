@@ -104,6 +104,7 @@ struct gs_train {
   uint8_t *state;        /* loss-scale block, LS_* offsets */
   void **blocks;         /* every allocation, for destroy */
   size_t n_blocks, cap_blocks;
+  uint64_t dev_bytes;    /* what the allocator charges for the blocks (rounded) */
 
   /* host buffers */
   float *h_img;
@@ -112,6 +113,7 @@ struct gs_train {
   uint64_t *perm;        /* current epoch's permutation of the train set */
   uint64_t *eval_idx;
   int64_t perm_epoch;    /* epoch perm holds, -1 none */
+  uint64_t host_bytes;   /* the host buffers above together */
 
   /* where the job stands */
   uint64_t step;         /* optimizer steps done */
@@ -194,6 +196,7 @@ static int talloc(gs_train *t, const gs_train_buffer *bf, void **out, gs_train_f
   int rc = gs_alloc_malloc(t->a, (size_t)bf->bytes, &tag, out, &why);
   if (rc == 0) {
     t->blocks[t->n_blocks++] = *out;
+    t->dev_bytes += gs_alloc_block_size((size_t)bf->bytes);
     return 0;
   }
   char sh[64], f[64];
@@ -235,6 +238,7 @@ static void snapshot_if_peak(gs_train *t);
 static void free_blocks(gs_train *t) {
   for (size_t i = t->n_blocks; i-- > 0;) gs_alloc_free(t->a, t->blocks[i]);
   t->n_blocks = 0;
+  t->dev_bytes = 0;
 }
 
 static size_t layer_workspace(const gs_backend *b, gs_dtype dt, const gs_layer *l, uint32_t n) {
@@ -895,6 +899,7 @@ typedef struct ck_write {
   gs_ckpt_meta meta;
   ck_list c;
   uint8_t *host; /* every tensor's bytes, c.v[i].data points into it */
+  uint64_t bytes; /* host's size */
   int rc;        /* the writer's result */
   gs_err err;    /* and its error */
 } ck_write;
@@ -917,6 +922,7 @@ static int ck_snapshot(gs_train *t, const char *path, ck_write **out, gs_err *e)
   uint64_t total = 0;
   for (size_t i = 0; i < w->c.n; i++) total += w->c.v[i].bytes;
   w->host = malloc(total ? total : 1);
+  w->bytes = total;
   w->path = strdup(path);
   int rc = 0;
   if (!w->host || !w->path) {
@@ -1245,6 +1251,8 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
   t->h_loss = malloc((size_t)nb * sizeof(float));
   t->eval_idx = malloc((size_t)nb * sizeof(uint64_t));
   t->perm = malloc((size_t)train->n * sizeof(uint64_t));
+  t->host_bytes = (uint64_t)nb * per * sizeof(float) + (uint64_t)nb * 3 * sizeof(int32_t) +
+                  (uint64_t)nb * sizeof(uint64_t) + train->n * sizeof(uint64_t);
   if (!t->ls || !t->h_img || !t->h_lab || !t->h_pred || !t->h_loss || !t->eval_idx ||
       !t->perm) {
     rc = gs_err_set(e, GS_INTERNAL, "", "out of host memory for the batch staging");
@@ -1436,6 +1444,8 @@ static void progress(gs_train *t, uint64_t step_peak) {
       .skipped_steps = (uint64_t)t->skipped_host,
       .memory_in_use = st.in_use,
       .memory_peak_step = step_peak,
+      .job_bytes = t->dev_bytes,
+      .host_bytes = t->host_bytes + (t->ck_flight ? t->ck_flight->bytes : 0),
   };
   t->opt.on_step(t->opt.user, &p);
 }

@@ -79,6 +79,12 @@ typedef struct gs_train_progress {
   uint64_t memory_in_use; /* allocator's in_use */
   uint64_t memory_peak_step; /* allocator's peak in use during this step (the
                                 runtime resets the peak at each step start) */
+  uint64_t job_bytes;     /* this job's blocks in the allocator (the vdev's other
+                             jobs not counted), as the allocator charges them */
+  uint64_t host_bytes;    /* host memory this job holds besides its datasets and
+                             the allocator's regions: its batch staging, its epoch
+                             permutation, and a checkpoint's copy while one is
+                             being written */
 } gs_train_progress;
 
 /* After each epoch (mirrors gpushare.v1.EpochMetrics). */

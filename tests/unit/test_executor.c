@@ -334,6 +334,12 @@ Test(executor, a_job_reports_progress_and_succeeds_with_an_export, .timeout = 60
         cr_expect_eq(ev->total_steps, 30);
         cr_expect_gt(ev->memory_in_use, 0);
         cr_expect(isfinite(ev->loss) && ev->loss > 0, "loss %f", (double)ev->loss);
+        /* What the job holds: alone in g0, its tensors are g0's in use. */
+        const Gpushare__Exec__V1__Progress *pr = m->progress;
+        cr_expect(pr->has_device_bytes && pr->has_host_bytes && pr->has_host_data_bytes);
+        cr_expect_eq(pr->device_bytes, ev->memory_in_use);
+        cr_expect_gt(pr->host_data_bytes, 0);
+        cr_expect_gt(pr->host_bytes, pr->host_data_bytes, "its own buffers besides the datasets");
       }
     }
     gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
@@ -367,6 +373,10 @@ Test(executor, a_job_reports_progress_and_succeeds_with_an_export, .timeout = 60
   cr_expect_eq(vs->in_use, 0, "the job's memory went back to g0");
   cr_expect_eq(vs->running_jobs, 0);
   cr_expect_eq(vs->steps, 30);
+  cr_expect(vs->has_free_bytes && vs->has_largest_free_bytes && vs->has_fragmentation);
+  cr_expect_eq(vs->free_bytes, 64u << 20);
+  cr_expect_eq(vs->largest_free_bytes, 64u << 20, "an empty GROWTH vdev could take its limit");
+  cr_expect_eq(vs->fragmentation, 0.0);
   gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
   ex_close(&x);
 }
