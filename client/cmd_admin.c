@@ -73,12 +73,20 @@ static void vdev_row(table *t, const Gpushare__V1__Vdev *v) {
   table_cell(t, "%s", table_fsize(v->memory_in_use));
   table_cell(t, "%s", table_fsize(v->memory_reserved));
   table_cell(t, "%s", table_fsize(v->memory_peak));
+  /* What the next allocation could get; "-" until the executor says. */
+  table_cell(t, "%s", v->has_memory_largest_free ? table_fsize(v->memory_largest_free) : "-");
+  if (v->has_memory_fragmentation)
+    table_cell(t, "%.1f%%", v->memory_fragmentation * 100.0);
+  else
+    table_cell(t, "-");
   table_cell(t, "%s", table_ftime(v->created_unix));
 }
 
-static const char *const vdev_cols[] = {"NAME", "DEVICE", "TENANT", "LIMIT", "COMPUTE", "POLICY",
-                                        "IN-USE", "RESERVED", "PEAK", "CREATED", NULL};
-#define VDEV_RIGHT ((1u << 3) | (1u << 4) | (1u << 6) | (1u << 7) | (1u << 8))
+static const char *const vdev_cols[] = {"NAME",    "DEVICE", "TENANT",   "LIMIT", "COMPUTE",
+                                        "POLICY",  "IN-USE", "RESERVED", "PEAK",  "LARGEST-FREE",
+                                        "FRAG",    "CREATED", NULL};
+#define VDEV_RIGHT \
+  ((1u << 3) | (1u << 4) | (1u << 6) | (1u << 7) | (1u << 8) | (1u << 9) | (1u << 10))
 
 static void vdev_create_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
   (void)x;

@@ -495,6 +495,16 @@ static void job_show(const Gpushare__V1__Job *j) {
   if (j->spec) printf("precision:    %s\n", table_precision_name(j->spec->precision));
   if (j->planned_peak_bytes) printf("planned peak: %s\n", table_fsize(j->planned_peak_bytes));
   if (j->data_bytes) printf("data:         %s on the host, charged to the vdev\n", table_fsize(j->data_bytes));
+  if (j->has_memory_in_use && j->has_host_memory_bytes) {
+    /* What its run holds now, as its executor last reported. */
+    printf("memory:       device %s in use", table_fsize(j->memory_in_use));
+    if (j->planned_peak_bytes) printf(" / %s planned peak", table_fsize(j->planned_peak_bytes));
+    printf(", host %s", table_fsize(j->host_memory_bytes));
+    if (j->has_host_data_bytes && j->host_data_bytes <= j->host_memory_bytes)
+      printf(" (datasets %s, shared; own buffers %s)", table_fsize(j->host_data_bytes),
+             table_fsize(j->host_memory_bytes - j->host_data_bytes));
+    printf("\n");
+  }
   if (j->restarts) printf("restarts:     %" PRIu32 " (executor deaths it lived through)\n", j->restarts);
   if (j->spec && !j->spec->preemptible) printf("preemptible:  no\n");
   if (j->preemptions)

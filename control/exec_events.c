@@ -107,6 +107,7 @@ static void exec_send_start(gs_daemon *d, gs_job *j, size_t dev, bool resume) {
   }
   j->placed = (int)dev;
   j->resume_pending = false;
+  j->mem_known = false; /* until this run reports */
 }
 
 /* An event that is not a state change, into the job's log and to its watchers. */
@@ -586,6 +587,12 @@ static void on_progress(gs_daemon *d, const Gpushare__Exec__V1__Progress *p) {
   gs_usage_progress(d, p);
   const Gpushare__V1__JobEvent *ev = p->event;
   Gpushare__V1__Job *r = j->rec;
+  if (p->has_device_bytes && p->has_host_bytes && p->has_host_data_bytes) {
+    j->mem_known = true;
+    j->mem_device = p->device_bytes;
+    j->mem_host = p->host_bytes;
+    j->mem_host_data = p->host_data_bytes;
+  }
   if (ev->has_step) {
     r->has_step = 1;
     r->step = ev->step;
@@ -795,6 +802,10 @@ static void on_stats(gs_daemon *d, const Gpushare__Exec__V1__Stats *s) {
     l->v.device_seconds = v->device_seconds;
     l->v.steps = v->steps;
     l->v.running = v->running_jobs;
+    l->v.has_free = v->has_free_bytes && v->has_largest_free_bytes && v->has_fragmentation;
+    l->v.free = l->v.has_free ? v->free_bytes : 0;
+    l->v.largest_free = l->v.has_free ? v->largest_free_bytes : 0;
+    l->v.fragmentation = l->v.has_free ? v->fragmentation : 0;
   }
   gs_usage_stats(d, s);
 }

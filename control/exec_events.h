@@ -28,6 +28,10 @@ typedef struct gs_vdev_live {
   uint64_t in_use, reserved, peak, steps;
   double device_seconds;
   uint32_t running;
+  bool has_free;         /* the executor reported the next three (it has an allocator) */
+  uint64_t free;         /* the limit less in_use */
+  uint64_t largest_free; /* the largest one allocation could get now */
+  double fragmentation;  /* 1 - largest_free / free, 0..1 */
 } gs_vdev_live;
 
 /* Start one executor per device (after gs_jobs_load). */

@@ -80,6 +80,10 @@ typedef struct gs_job {
   uint32_t replan_accum;   /* resumes with, and their planned peak */
   uint64_t replan_peak;
   uint64_t retry_after_ms; /* requeued after an OOM: not started before (gs_job_now_ms) */
+  bool mem_known;          /* placed, and its run reported what it holds (below) */
+  uint64_t mem_device;     /* bytes of its tensors in its vdev */
+  uint64_t mem_host;       /* host bytes its run holds, datasets included */
+  uint64_t mem_host_data;  /* of which its datasets' shared copy */
 } gs_job;
 
 /* Told of every event of every job, after it is stored; `final` when the

@@ -103,12 +103,19 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
       {"vdev_steps_total", "counter", "Optimizer steps run in the vdev."},
       {"vdev_queue_length", "gauge", "Jobs queued in the vdev."},
       {"vdev_running_jobs", "gauge", "Jobs running in the vdev."},
+      {"vdev_largest_free_bytes", "gauge",
+       "Largest block one allocation in the vdev could get now: of its region (PREALLOCATE), "
+       "or of its regions and what its limit leaves unreserved (GROWTH, device permitting)."},
+      {"vdev_fragmentation_ratio", "gauge",
+       "Share of the vdev's free bytes (limit less in use) that no single allocation can "
+       "take: 1 - largest free / free, 0..1."},
   };
   for (size_t k = 0; k < sizeof vm / sizeof vm[0]; k++) {
     metric(&t, vm[k].name, vm[k].type, vm[k].help);
     for (size_t i = 0; i < nv; i++) {
       gs_vdev_live live, *l = &live;
       gs_exec_events_vdev_live(d, vdevs[i].name, &live);
+      if (k >= 8 && !l->has_free) continue; /* not known: no sample */
       uint64_t queued = 0, running = 0;
       for (uint64_t x = 0; J && x < J->cap; x++) {
         gs_job *j = J->by_id[x];
@@ -132,7 +139,9 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
         break;
       }
       case 6: tprintf(&t, "%" PRIu64 "\n", queued); break;
-      default: tprintf(&t, "%" PRIu64 "\n", running); break;
+      case 7: tprintf(&t, "%" PRIu64 "\n", running); break;
+      case 8: tprintf(&t, "%" PRIu64 "\n", l->largest_free); break;
+      default: tprintf(&t, "%.6f\n", l->fragmentation); break;
       }
     }
   }
@@ -214,6 +223,17 @@ int gs_metrics_text(gs_daemon *d, char **out, gs_err *e) {
   }
   job_bytes(&t, J, "job_planned_peak_bytes", "Planned peak memory of the job.", false);
   job_bytes(&t, J, "job_data_bytes", "Host bytes of the job's datasets, charged to its vdev.", true);
+  metric(&t, "job_host_memory_bytes", "gauge",
+         "Host bytes the job's run holds in its executor, as it last reported: its datasets' "
+         "copy (shared with the jobs on the same sets), batch staging, a checkpoint being "
+         "written; 0 while it does not run.");
+  for (uint64_t x = 0; J && x < J->cap; x++) {
+    const gs_job *j = J->by_id[x];
+    if (j && !gs_job_final(j->rec->state))
+      tprintf(&t, "gpushare_job_host_memory_bytes{job=\"%" PRIu64 "\",tenant=\"%s\",vdev=\"%s\"} %" PRIu64 "\n",
+              j->rec->id, j->rec->tenant, j->rec->vdev,
+              j->mem_known && j->placed >= 0 ? j->mem_host : 0);
+  }
   metric(&t, "requests_total", "counter", "Requests served on the control socket since start.");
   tprintf(&t, "gpushare_requests_total %" PRIu64 "\n", d->requests);
   free(vdevs);

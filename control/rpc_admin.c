@@ -77,6 +77,12 @@ static Gpushare__V1__Vdev *vdev_msg(gs_daemon *d, gs_call_arena *a, const gs_vde
   m->memory_in_use = l.in_use;
   m->memory_reserved = l.reserved;
   m->memory_peak = l.peak;
+  if (l.has_free) {
+    m->has_memory_free = m->has_memory_largest_free = m->has_memory_fragmentation = 1;
+    m->memory_free = l.free;
+    m->memory_largest_free = l.largest_free;
+    m->memory_fragmentation = l.fragmentation;
+  }
   return m;
 }
 

@@ -177,6 +177,12 @@ static Gpushare__V1__Job *job_view(gs_call *c, const gs_job *j, bool with_spec) 
   gs_usage_sums u;
   gs_usage_job(c->d, j->rec->id, &u);
   copy->usage = usage_msg(&c->ar, &u);
+  if (j->mem_known && j->placed >= 0 && copy->state == GPUSHARE__V1__JOB_STATE__RUNNING) {
+    copy->has_memory_in_use = copy->has_host_memory_bytes = copy->has_host_data_bytes = 1;
+    copy->memory_in_use = j->mem_device;
+    copy->host_memory_bytes = j->mem_host;
+    copy->host_data_bytes = j->mem_host_data;
+  }
   return copy;
 }
 
