@@ -87,7 +87,7 @@ expect_fail() {
 }
 
 # A snapshot of all admin state, to check that a refusal changed nothing.
-# The vdevs' live memory figures (in use, reserved, peak) come from the
+# The vdevs' live memory figures (in use, reserved, peak, free) come from the
 # executor's Stats, which arrive on their own schedule (a PREALLOCATE vdev's
 # reservation shows up a moment after a start), so they are left out.
 snapshot() { ctl --json tenant list
@@ -95,7 +95,8 @@ snapshot() { ctl --json tenant list
 import json, sys
 d = json.load(sys.stdin)
 for v in d.get('vdev', []):
-    for k in ('memory_in_use', 'memory_reserved', 'memory_peak'): v.pop(k, None)
+    for k in ('memory_in_use', 'memory_reserved', 'memory_peak', 'memory_free',
+              'memory_largest_free', 'memory_fragmentation'): v.pop(k, None)
 print(json.dumps(d, sort_keys=True))"
   ctl --json devices; }
 
