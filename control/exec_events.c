@@ -830,7 +830,8 @@ static void maybe_loop_done(gs_daemon *d) {
 /* The job a dying executor named (executor.c on_fatal writes the id of the
  * job whose thread took the fatal signal to STATE/executor-DEVICE.crash), or
  * 0 when it named none (killed from outside, out of memory). The file is
- * emptied once read, so an old crash never blames a later death. */
+ * removed once read, so an old crash never blames a later death and no
+ * empty file stays behind. */
 static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/executor-%s.crash", d->cfg.state_dir,
@@ -839,8 +840,8 @@ static uint64_t crash_culprit(gs_daemon *d, size_t dev) {
   if (!f) return 0;
   uint64_t id = 0;
   if (fscanf(f, "%" SCNu64, &id) != 1) id = 0;
-  if (ftruncate(fileno(f), 0) != 0) gs_warn("cannot empty %s: %s", path, strerror(errno));
   fclose(f);
+  if (unlink(path) < 0 && errno != ENOENT) gs_warn("cannot remove %s: %s", path, strerror(errno));
   return id;
 }
 

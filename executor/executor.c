@@ -158,7 +158,8 @@ static struct {
    * memory_oversubscribe, GROWTH vdevs may add up to more, and a region
    * past the budget is refused here as a full GPU refuses cudaMalloc: the
    * job that asked fails with an OOM report of cause PHYSICAL. */
-  int crash_fd;                  /* STATE/executor-DEVICE.crash (see on_fatal) */
+  char crash_path[PATH_MAX + 64]; /* STATE/executor-DEVICE.crash (see on_fatal) */
+  int crash_spare_fd;            /* /dev/null, closed in on_fatal to free a slot */
   struct {                       /* GPUSHARE_EXECUTOR_FAILPOINT (see failpoint_parse) */
     char job[128];               /* the job name it applies to; "" = none */
     uint64_t calls;              /* kernel-crash: crash in its dense_forward call number N */
@@ -172,7 +173,7 @@ static struct {
     uint64_t cap, used;          /* used guarded by lock */
     pthread_mutex_t lock;
   } budget;
-} X = {.fd = -1, .wake = {-1, -1}, .crash_fd = -1,
+} X = {.fd = -1, .wake = {-1, -1}, .crash_spare_fd = -1,
        .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 /* The job whose thread this is (0 on the main thread), for on_fatal, and
@@ -183,14 +184,17 @@ static __thread uint64_t tl_dense_calls;
 
 /* A fatal signal (a kernel that faults, an abort) ends the executor, but
  * first says which job's thread it hit: the job id goes into
- * STATE/executor-DEVICE.crash with write(2) only, async-signal-safe, and the
- * control plane reads it when it sees the executor die (control/exec_events.c), so
- * the job that crashed the device is the one charged with it and the
- * others resume from their checkpoints uncharged. Then the default action
- * runs (the core dump, the exit status the supervisor logs). */
+ * STATE/executor-DEVICE.crash with open(2) and write(2) only,
+ * async-signal-safe, and the control plane reads it (and removes it) when
+ * it sees the executor die (control/exec_events.c), so the job that crashed
+ * the device is the one charged with it and the others resume from their
+ * checkpoints uncharged. The file exists only when there is a job to name:
+ * a spare descriptor is closed first so that the open finds a free slot
+ * even in a process that ran out of them. Then the default action runs
+ * (the core dump, the exit status the supervisor logs). */
 static void on_fatal(int sig) {
   uint64_t id = tl_job_id;
-  if (X.crash_fd >= 0 && id) {
+  if (X.crash_path[0] && id) {
     char buf[24];
     int n = 0;
     char rev[24];
@@ -200,8 +204,13 @@ static void on_fatal(int sig) {
     } while (id && n < 20);
     for (int i = 0; i < n; i++) buf[i] = rev[n - 1 - i];
     buf[n++] = '\n';
-    ssize_t w = pwrite(X.crash_fd, buf, (size_t)n, 0);
-    (void)w;
+    if (X.crash_spare_fd >= 0) close(X.crash_spare_fd);
+    int fd = open(X.crash_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd >= 0) {
+      ssize_t w = write(fd, buf, (size_t)n);
+      (void)w;
+      close(fd);
+    }
   }
   signal(sig, SIG_DFL);
   raise(sig);
@@ -1553,12 +1562,12 @@ int main(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
-  char crash_path[PATH_MAX + 64];
-  snprintf(crash_path, sizeof crash_path, "%s/executor-%s.crash", X.state_dir, X.device);
-  X.crash_fd = open(crash_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (X.crash_fd < 0)
-    logf_("cannot open %s (%s): a crash will not say which job it hit", crash_path,
-          strerror(errno));
+  /* A crash file left by an older executor was read when it died; one
+   * that is still here names no death of this one. */
+  snprintf(X.crash_path, sizeof X.crash_path, "%s/executor-%s.crash", X.state_dir, X.device);
+  if (unlink(X.crash_path) < 0 && errno != ENOENT)
+    logf_("cannot remove %s (%s)", X.crash_path, strerror(errno));
+  X.crash_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   sa.sa_handler = on_fatal;
   const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
   for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) sigaction(fatal[i], &sa, NULL);

@@ -8,7 +8,9 @@
 # second time when it resumes, fails with the reason; a watcher and a client
 # polling status throughout see no error; gpushared itself never restarts.
 # Then an executor killed from outside (kill -9) is restarted too and the
-# job it ran resumes.
+# job it ran resumes. The crash file (STATE/executor-cpu.crash) exists only
+# between a crash and the control plane's reading of it: a running or
+# cleanly stopped executor leaves none.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
@@ -40,6 +42,8 @@ expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --tenant a
 expect_ok "vdev b0" ctl vdev create b0 --memory 256MiB --compute 50 --tenant b
+[ ! -e "$STATE/executor-cpu.crash" ] && pass "a running executor leaves no crash file" ||
+  fail "a crash file exists before any crash: $(ls -l "$STATE/executor-cpu.crash")"
 job steady b0 3000; job crasher a0 400
 expect_ok "b's job" B submit "$T/steady.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$jb" RUNNING || fail "b's job not running"
@@ -53,7 +57,11 @@ wait_state "$jc" FAILED 120 && pass "the crasher failed" || fail "the crasher di
 reason=$(st "$jc" "['reason']")
 echo "reason: $reason"
 echo "$reason" | grep -q "crashed the executor of cpu twice" && pass "its reason says it crashed the executor twice" || fail "reason: $reason"
+grep -q "the executor of cpu died in job $jc's thread" "$T/daemon.log" &&
+  pass "the crash report named the crasher (job $jc)" || fail "no crash report named job $jc"
 for _ in $(seq 100); do x2=$(executor_pid); [ -n "$x2" ] && break; sleep 0.1; done
+[ ! -e "$STATE/executor-cpu.crash" ] && pass "the crash report was read and removed" ||
+  fail "the crash file is still there: $(ls -l "$STATE/executor-cpu.crash")"
 [ -n "$x2" ] && [ "$x1" != "$x2" ] && pass "the executor was restarted (pid $x1 -> $x2)" || fail "executor pids $x1 / $x2"
 for _ in $(seq 100); do grep -q "job $jb: resumed from step [1-9]" "$T/daemon.log" && break; sleep 0.1; done
 grep -q "job $jb: resumed from step [1-9]" "$T/daemon.log" && pass "b's job resumed from a checkpoint: $(grep -o "job $jb: resumed from step [0-9]*" "$T/daemon.log" | tail -n 1)" || { fail "b's job did not resume from a checkpoint"; grep -E "job $jb|resum" "$T/daemon.log" | grep -v debug | head; }
@@ -74,4 +82,6 @@ kill -0 "$DPID" && pass "gpushared (pid $DPID) never went down" || fail "gpushar
 expect_ok "metrics count the restarts" ctl metrics
 echo "$LAST_OUT" | grep -qE '^gpushare_executor_restarts_total\{device="cpu"\} 3$' && pass "executor_restarts_total 3" || fail "$(echo "$LAST_OUT" | grep executor_restarts)"
 stop_daemon
+[ ! -e "$STATE/executor-cpu.crash" ] && pass "a clean stop leaves no crash file" ||
+  fail "a clean stop left $(ls -l "$STATE/executor-cpu.crash")"
 finish
