@@ -404,6 +404,23 @@ int gs_store_open(const char *state_dir, gs_store **out, gs_err *e) {
     goto fail;
   }
   close(fd);
+  /* SQLite gives the WAL and shared-memory files the database's mode when
+   * it creates them, but keeps the mode of ones left by an earlier run
+   * (or an older gpushared): they hold the same data, so they are made
+   * 0600 too. */
+  for (int k = 0; k < 2; k++) {
+    char side[PATH_MAX + 8];
+    snprintf(side, sizeof side, "%s%s", s->path, k ? "-shm" : "-wal");
+    int sfd = open(side, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (sfd < 0 && errno == ENOENT) continue;
+    if (sfd < 0 || fchmod(sfd, 0600) < 0) {
+      gs_err_set(e, GS_FAILED_PRECONDITION, "state_dir", "cannot make %s mode 0600: %s", side,
+                 strerror(errno));
+      if (sfd >= 0) close(sfd);
+      goto fail;
+    }
+    close(sfd);
+  }
   if (sqlite3_open_v2(s->path, &s->db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       NULL) != SQLITE_OK) {

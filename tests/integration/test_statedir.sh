@@ -3,7 +3,8 @@
 # directory a running one holds (with another socket) refuses to start,
 # naming the holder, and the first one goes on serving; once the first has
 # stopped, the directory can be taken again. The directory is made private
-# (0700) when it was open to others, and the database is 0600.
+# (0700) when it was open to others, and the database and its -wal and -shm
+# files are 0600, also when an earlier run left them open to others.
 set -u
 . "$(dirname "$0")/lib.sh"
 
@@ -26,9 +27,19 @@ echo "$LAST_OUT" | grep -q first && pass "with its state" || fail "tenant list: 
 
 mode=$(stat -c %a "$STATE")
 [ "$mode" = 700 ] && pass "the state directory was made private (0755 -> 0700)" || fail "state directory mode $mode"
-mode=$(stat -c %a "$STATE/gpushared.db")
-[ "$mode" = 600 ] && pass "the database is 0600" || fail "database mode $mode"
+for f in gpushared.db gpushared.db-wal gpushared.db-shm; do
+  mode=$(stat -c %a "$STATE/$f")
+  [ "$mode" = 600 ] && pass "$f is 0600" || fail "$f mode $mode"
+done
 
+kill9_daemon   # leaves the -wal and -shm files behind
+chmod 0644 "$STATE/gpushared.db" "$STATE/gpushared.db-wal" "$STATE/gpushared.db-shm"
+umask 022
+start_daemon
+for f in gpushared.db gpushared.db-wal gpushared.db-shm; do
+  mode=$(stat -c %a "$STATE/$f")
+  [ "$mode" = 600 ] && pass "$f left 0644 by an earlier run is 0600 again" || fail "$f mode $mode after a restart"
+done
 stop_daemon
 start_daemon
 expect_ok "after a stop, a daemon takes the directory again, state kept" ctl tenant list
