@@ -337,8 +337,9 @@ static void plan_print(FILE *f, const Gpushare__V1__Plan *pl) {
     table_fprint(f, &t);
   }
   fprintf(f, "parameters: %" PRIu64 "\n", pl->parameters);
-  fprintf(f, "precision: %s, micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps\n",
-          table_precision_name(pl->precision), pl->micro_batch, pl->accumulation_steps);
+  fprintf(f, "precision: %s, micro-batch %" PRIu32 " x %" PRIu32 " accumulation step%s\n",
+          table_precision_name(pl->precision), pl->micro_batch, pl->accumulation_steps,
+          pl->accumulation_steps == 1 ? "" : "s");
   if (pl->limit_bytes)
     fprintf(f, "peak: %s of a %s limit: %s\n", table_fsize(pl->peak_bytes), table_fsize(pl->limit_bytes),
             pl->fits ? "fits" : "does NOT fit");
@@ -484,14 +485,16 @@ static void job_show(const Gpushare__V1__Job *j) {
   printf("submitted:    %s\n", table_ftime(j->submitted_unix));
   if (j->started_unix) printf("started:      %s\n", table_ftime(j->started_unix));
   if (j->finished_unix) printf("finished:     %s\n", table_ftime(j->finished_unix));
-  if (j->total_steps)
+  if (j->state == GPUSHARE__V1__JOB_STATE__RUNNING && !j->step && !j->total_steps)
+    printf("step:         none yet (starting: loading its data, building the model)\n");
+  else if (j->total_steps)
     printf("step:         %" PRIu64 " of %" PRIu64 " (%.1f%%)\n", j->step, j->total_steps,
            100.0 * (double)j->step / (double)j->total_steps);
   else
     printf("step:         %" PRIu64 "\n", j->step);
   if (j->micro_batch)
-    printf("batch:        micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps\n", j->micro_batch,
-           j->accumulation_steps);
+    printf("batch:        micro-batch %" PRIu32 " x %" PRIu32 " accumulation step%s\n", j->micro_batch,
+           j->accumulation_steps, j->accumulation_steps == 1 ? "" : "s");
   if (j->spec) printf("precision:    %s\n", table_precision_name(j->spec->precision));
   if (j->planned_peak_bytes) printf("planned peak: %s\n", table_fsize(j->planned_peak_bytes));
   if (j->data_bytes) printf("data:         %s on the host, charged to the vdev\n", table_fsize(j->data_bytes));
@@ -515,9 +518,10 @@ static void job_show(const Gpushare__V1__Job *j) {
   if (j->usage) {
     const Gpushare__V1__Usage *u = j->usage;
     printf("usage:        %.3f device-s, %.3f GiB-s reserved, %.3f GiB-s in use, %" PRIu64
-           " steps, %" PRIu64 " samples, %" PRIu32 " preemption%s\n",
-           u->device_seconds, u->reserved_gib_seconds, u->in_use_gib_seconds, u->steps, u->samples,
-           u->preemptions, u->preemptions == 1 ? "" : "s");
+           " step%s, %" PRIu64 " sample%s, %" PRIu32 " preemption%s\n",
+           u->device_seconds, u->reserved_gib_seconds, u->in_use_gib_seconds, u->steps,
+           u->steps == 1 ? "" : "s", u->samples, u->samples == 1 ? "" : "s", u->preemptions,
+           u->preemptions == 1 ? "" : "s");
   }
   if (j->n_epoch) {
     printf("\n");
@@ -563,8 +567,8 @@ int gpuctl_cmd_status(gpuctl_cli *x, gpuctl_parsed *p) {
 static void list_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
   (void)x;
   table t = {0};
-  table_header(&t, (1u << 0) | (1u << 5) | (1u << 6),
-               (const char *const[]){"ID", "NAME", "TENANT", "VDEV", "STATE", "STEP", "PEAK", "SUBMITTED", NULL});
+  table_header(&t, (1u << 0) | (1u << 6),
+               (const char *const[]){"ID", "NAME", "TENANT", "VDEV", "STATE", "PROGRESS", "PEAK", "SUBMITTED", NULL});
   for (size_t i = 0; i < r->list_jobs->n_job; i++) {
     const Gpushare__V1__Job *j = r->list_jobs->job[i];
     table_cell(&t, "%" PRIu64, j->id);
@@ -572,8 +576,7 @@ static void list_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
     table_cell(&t, "%s", j->tenant ? j->tenant : "");
     table_cell(&t, "%s", j->vdev ? j->vdev : "");
     table_cell(&t, "%s", table_state_name(j->state));
-    if (j->total_steps) table_cell(&t, "%" PRIu64 "/%" PRIu64, j->step, j->total_steps);
-    else table_cell(&t, "%" PRIu64, j->step);
+    table_cell(&t, "%s", table_fprogress(j));
     table_cell(&t, "%s", j->planned_peak_bytes ? table_fsize(j->planned_peak_bytes) : "-");
     table_cell(&t, "%s", table_ftime(j->submitted_unix));
   }

@@ -55,7 +55,7 @@ void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, int precision, char *bu
     ADD("  epoch %" PRIu32 " done: train loss %.4f, %s, peak %s", m->epoch, m->train_loss,
         table_ftest(m->test_loss, m->test_accuracy), table_fsize(m->peak_memory_bytes));
     if (strcmp(table_fscale(precision, m->has_loss_scale, m->loss_scale), "-"))
-      ADD(", %" PRIu64 " steps skipped", m->skipped_steps);
+      ADD(", %" PRIu64 " step%s skipped", m->skipped_steps, m->skipped_steps == 1 ? "" : "s");
   }
   if (ev->message && *ev->message) ADD("  %s", ev->message);
 #undef ADD
@@ -119,7 +119,8 @@ static void epoch_line(const watch_view *v, uint64_t id, const Gpushare__V1__Epo
                    m->samples_per_second, table_fsize(m->peak_memory_bytes));
   const char *scale = table_fscale(v->precision, m->has_loss_scale, m->loss_scale);
   if (k > 0 && (size_t)k < n && strcmp(scale, "-"))
-    snprintf(buf + k, n - (size_t)k, ", loss scale %s, %" PRIu64 " of its steps skipped", scale, m->skipped_steps);
+    snprintf(buf + k, n - (size_t)k, ", loss scale %s, %" PRIu64 " of its steps skipped", scale,
+             m->skipped_steps);
 }
 
 /* A line that stays: it replaces the live line on a terminal. */

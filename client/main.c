@@ -72,7 +72,8 @@ static const gpuctl_flag submit_flags[] = {
     {0}};
 static const gpuctl_flag job_encode_flags[] = {
     {"--output", "-o", "JOB.pb", 0, 0, "where to write (default: the input's name with .pb)"}, {0}};
-static const gpuctl_flag list_flags[] = {{"--all", NULL, NULL, 0, 0, "include finished jobs"}, {0}};
+static const gpuctl_flag list_flags[] = {
+    {"--all", NULL, NULL, 0, 0, "every tenant's jobs, not only your tenant's (an admin view)"}, {0}};
 static const gpuctl_flag fetch_flags[] = {
     {"--output", "-o", "FILE", 0, 1, "where to write (\"-\" for stdout)"},
     {"--checkpoint", NULL, NULL, 0, 0, "the last checkpoint instead of the trained weights"},
@@ -134,7 +135,12 @@ static const gpuctl_command commands[] = {
      "job that cannot fit uploads nothing (unless it sets auto_fit).\n"
      "--vdev and --priority take the place of the spec's vdev and priority.\n"},
     {"status", "ID", 1, 1, "show a job: state, progress, epochs, an out-of-memory report", no_flags, gpuctl_cmd_status, NULL},
-    {"list", "", 0, 0, "list your jobs (queued and running, or --all)", list_flags, gpuctl_cmd_list, NULL},
+    {"list", "", 0, 0, "list your tenant's jobs, finished ones included (--all: every tenant's, admin)",
+     list_flags, gpuctl_cmd_list,
+     "A line per job, queued, running or ended, oldest first: PROGRESS is the epoch\n"
+     "it is in and its step of the total (\"starting\" while a running job loads its\n"
+     "data and has no step yet). Without --all an admin who is no tenant's member\n"
+     "sees no jobs.\n"},
     {"watch", "ID", 1, 1, "follow a job until it ends; exit 0 if it succeeded, 1 otherwise", no_flags, gpuctl_cmd_watch,
      "On a terminal the progress is one live line (epoch, step, loss, the last\n"
      "epoch's test accuracy, samples/s, memory in use / limit, fp16 loss scale);\n"

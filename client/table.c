@@ -118,6 +118,29 @@ const char *table_ftime(int64_t t) {
   return s;
 }
 
+const char *table_fprogress(const Gpushare__V1__Job *j) {
+  int running = j->state == GPUSHARE__V1__JOB_STATE__RUNNING;
+  if (!j->step && !j->total_steps) return running ? "starting" : "-";
+  /* the epoch it is in: the one after the last that ended, unless that one
+   * is partial (max_steps stopped it there) or the job is not running */
+  uint32_t epoch = 0;
+  if (j->n_epoch) {
+    const Gpushare__V1__EpochMetrics *m = j->epoch[j->n_epoch - 1];
+    epoch = m->epoch + (running && !m->partial ? 1 : 0);
+  } else if (running) {
+    epoch = 1;
+  }
+  char *s = slot();
+  int k = epoch ? snprintf(s, 64, "epoch %" PRIu32 ", ", epoch) : 0;
+  if (k < 0) k = 0;
+  if (j->total_steps)
+    snprintf(s + k, 64 - (size_t)k, "step %" PRIu64 "/%" PRIu64 " (%.1f%%)", j->step, j->total_steps,
+             100.0 * (double)j->step / (double)j->total_steps);
+  else
+    snprintf(s + k, 64 - (size_t)k, "step %" PRIu64, j->step);
+  return s;
+}
+
 const char *table_enum_name(const ProtobufCEnumDescriptor *d, int v) {
   const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, v);
   if (ev) return ev->name;
@@ -187,9 +210,11 @@ size_t table_skip_warnings(FILE *f, const Gpushare__V1__Job *j) {
     if (!steps || m->skipped_steps * 2 <= steps) continue;
     fprintf(f, "warning: epoch %" PRIu32 "%s: ", m->epoch, m->partial ? " (part)" : "");
     if (exact)
-      fprintf(f, "%" PRIu64 " of its %" PRIu64 " optimizer steps", m->skipped_steps, steps);
+      fprintf(f, "%" PRIu64 " of its %" PRIu64 " optimizer step%s", m->skipped_steps, steps,
+              steps == 1 ? "" : "s");
     else
-      fprintf(f, "%" PRIu64 " optimizer steps, more than half of it,", m->skipped_steps);
+      fprintf(f, "%" PRIu64 " optimizer step%s, more than half of it,", m->skipped_steps,
+              m->skipped_steps == 1 ? "" : "s");
     fprintf(f, " were skipped (fp16 gradients overflowed; loss scale %g at its end), so its "
                "updates were mostly lost; train in MIXED_BFLOAT16 or FLOAT32, or with a lower "
                "learning rate\n",

@@ -48,6 +48,11 @@ const char *table_ftest(double loss, double accuracy);
 const char *table_fcount_or_unlimited(uint32_t n);
 /* local time "YYYY-MM-DD HH:MM:SS", or "-" for none */
 const char *table_ftime(int64_t t);
+/* Where job j is: "epoch 3, step 340/1875 (18.1%)" (the epoch it is in
+ * while it runs, its last one after), "starting" for a running job that
+ * has not reported a step yet (loading its data, building), "-" for one
+ * that has run none */
+const char *table_fprogress(const Gpushare__V1__Job *j);
 /* v's name in d, or v as a number */
 const char *table_enum_name(const ProtobufCEnumDescriptor *d, int v);
 /* a JobState's name */

@@ -132,7 +132,8 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
     uint32_t h = hi.dims[1], w = hi.dims[2], c = hi.ndims == 4 ? hi.dims[3] : 1;
     if (ni != nl)
       return gs_err_set(e, GS_INVALID_ARGUMENT, names[k],
-                        "%s has %" PRIu64 " images but %" PRIu64 " labels", names[k] + 5, ni, nl);
+                        "%s has %" PRIu64 " image%s but %" PRIu64 " label%s", names[k] + 5, ni,
+                        ni == 1 ? "" : "s", nl, nl == 1 ? "" : "s");
     if (k == 1 && classes < m->classes) classes = m->classes; /* a test set may lack a class */
     if (gs_model_check_dataset(m, names[k] + 5, h, w, c, classes, e) < 0) {
       gs_err_prefix(e, "spec");

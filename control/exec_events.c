@@ -633,8 +633,8 @@ static void on_paused(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Finishe
     char msg[1400], peak[32];
     snprintf(msg, sizeof msg,
              "%s; resuming with micro-batch %" PRIu32 " x %" PRIu32
-             " accumulation steps (effective batch %" PRIu64 " kept), planned peak %s",
-             why, j->replan_micro, j->replan_accum,
+             " accumulation step%s (effective batch %" PRIu64 " kept), planned peak %s",
+             why, j->replan_micro, j->replan_accum, j->replan_accum == 1 ? "" : "s",
              (uint64_t)j->replan_micro * j->replan_accum,
              gs_size_format(j->replan_peak, peak, sizeof peak));
     r->micro_batch = j->replan_micro;
@@ -683,9 +683,10 @@ static bool oom_comeback(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Fini
     snprintf(reason, sizeof reason,
              "run-time OOM (%s) at micro-batch %" PRIu32 ": resuming from its last checkpoint "
              "with micro-batch %" PRIu32 " x %" PRIu32
-             " accumulation steps (effective batch %" PRIu64 " kept); comeback %" PRIu32
+             " accumulation step%s (effective batch %" PRIu64 " kept); comeback %" PRIu32
              " of %u",
              oom_cause_name(cause), r->micro_batch, a.micro_batch, a.accumulation_steps,
+             a.accumulation_steps == 1 ? "" : "s",
              (uint64_t)a.micro_batch * a.accumulation_steps, r->oom_retries + 1,
              d->cfg.oom_retries);
     r->micro_batch = a.micro_batch;

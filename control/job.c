@@ -469,7 +469,7 @@ int gs_jobs_load(gs_daemon *d, gs_err *e) {
       gs_job_persist(d, j);
     }
   }
-  if (n) gs_info("%zu jobs in the store: %u to resume, %u queued", n, resumed, queued);
+  if (n) gs_info("%zu job%s in the store: %u to resume, %u queued", n, n == 1 ? "" : "s", resumed, queued);
   return job_dirs_reserved(d, dir, e);
 }
 

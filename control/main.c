@@ -407,7 +407,7 @@ int main(int argc, char **argv) {
   uv_run(&loop, UV_RUN_DEFAULT);
   if (watchdog_usec) uv_close((uv_handle_t *)&watchdog, NULL);
   gs_server_free(srv);
-  gs_info("stopped after %" PRIu64 " requests", d.requests);
+  gs_info("stopped after %" PRIu64 " request%s", d.requests, d.requests == 1 ? "" : "s");
   rc = 0;
 out:
   if (ready_fd >= 0) close(ready_fd);

@@ -172,8 +172,8 @@ int gs_rpc_create_tenant(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e)
   if (m) m->tenant = tenant_msg(&c->ar, &got);
   gs_tenant_clear(&got);
   if (!m) return oom(c, e);
-  gs_info("tenant %s created by uid %" PRIu32 " (%zu uids, %zu gids)", r->name, c->peer->uid,
-          r->n_uids, r->n_gids);
+  gs_info("tenant %s created by uid %" PRIu32 " (%zu uid%s, %zu gid%s)", r->name, c->peer->uid,
+          r->n_uids, r->n_uids == 1 ? "" : "s", r->n_gids, r->n_gids == 1 ? "" : "s");
   c->resp->result_case = GPUSHARE__V1__RESPONSE__RESULT_CREATE_TENANT;
   c->resp->create_tenant = m;
   return 0;

@@ -279,8 +279,8 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   Gpushare__V1__JobEvent ev;
   char msg[256];
   if (adm.chosen)
-    snprintf(msg, sizeof msg, "QUEUED: auto_fit chose micro-batch %" PRIu32 " x %" PRIu32 " accumulation steps",
-             adm.micro_batch, adm.accumulation_steps);
+    snprintf(msg, sizeof msg, "QUEUED: auto_fit chose micro-batch %" PRIu32 " x %" PRIu32 " accumulation step%s",
+             adm.micro_batch, adm.accumulation_steps, adm.accumulation_steps == 1 ? "" : "s");
   else
     snprintf(msg, sizeof msg, "QUEUED");
   gs_job_state_event(j, &ev, msg);
@@ -334,8 +334,10 @@ int gs_rpc_list_jobs(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   bool all = rq->list_jobs->has_all && rq->list_jobs->all;
   if (all && !c->id.admin)
     return gs_err_set(e, GS_PERMISSION_DENIED, "all",
-                      "--all lists every tenant's jobs and needs an admin; uid %" PRIu32 " is not one",
-                      c->peer->uid);
+                      "--all is the admins' view of every tenant's jobs; uid %" PRIu32
+                      " is not root and not in the admin group (without --all, gpuctl list "
+                      "shows tenant %s's jobs)",
+                      c->peer->uid, c->id.tenant);
   const gs_jobs *J = c->d->jobs;
   Gpushare__V1__ListJobsResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__ListJobsResponse, GPUSHARE__V1__LIST_JOBS_RESPONSE__INIT);

@@ -492,9 +492,9 @@ static void conn_feed(conn *c) {
       if (c->reading) {
         uv_read_stop((uv_stream_t *)&c->pipe);
         c->reading = false;
-        gs_debug("uid %" PRIu32 " pid %d has %u requests in flight (max_inflight): reading "
+        gs_debug("uid %" PRIu32 " pid %d has %u request%s in flight (max_inflight): reading "
                  "paused until answers go out",
-                 c->peer.uid, (int)c->peer.pid, c->inflight);
+                 c->peer.uid, (int)c->peer.pid, c->inflight, c->inflight == 1 ? "" : "s");
       }
       return;
     }
@@ -727,9 +727,9 @@ static void conn_admit(conn *c) {
   why[0] = '\0';
   if (!admin && t->conns >= d->cfg.max_connections_per_uid)
     snprintf(why, sizeof why,
-             "uid %" PRIu32 " has %u connections open, as many as one uid may "
+             "uid %" PRIu32 " has %u connection%s open, as many as one uid may "
              "(max_connections_per_uid %u); close one and connect again",
-             c->peer.uid, t->conns, d->cfg.max_connections_per_uid);
+             c->peer.uid, t->conns, t->conns == 1 ? "" : "s", d->cfg.max_connections_per_uid);
   else if (!admin && served >= s->conn_cap - reserved)
     snprintf(why, sizeof why,
              "%zu connections are open; the last %u of the %u this daemon serves "
