@@ -223,6 +223,8 @@ int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *s
   gs_plan_free(&p);
   if (!*out) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   if (vdev && !limit) (*out)->fits = (*out)->fits_growth = (*out)->fits_preallocate = false;
+  if (vdev && !((*out)->vdev = gs_call_strdup(a, vdev->name)))
+    return gs_err_set(e, GS_INTERNAL, "", "out of memory");
   if (vdev && data_bytes) {
     Gpushare__V1__Plan *m = *out;
     m->has_data_bytes = true;
@@ -247,6 +249,24 @@ int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *s
     if (!sum) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
     snprintf(sum, n, "%s%s", m->summary ? m->summary : "", line);
     m->summary = sum;
+  }
+  if (vdev && !(*out)->fits) {
+    /* What submit would say, with what fits: the same words and
+     * suggestions as its refusal (auto_fit off: the job as written). */
+    Gpushare__V1__JobSpec sp = *spec;
+    sp.has_auto_fit = 1;
+    sp.auto_fit = 0;
+    gs_admit adm;
+    gs_err quiet;
+    gs_err_clear(&quiet);
+    if (gs_admit_job(a, &sp, vdev, data_bytes, &adm, &quiet) == 0 && !adm.fits && adm.why[0]) {
+      Gpushare__V1__Plan *m = *out;
+      size_t n = strlen(m->summary ? m->summary : "") + strlen(adm.why) + 32;
+      char *sum = gs_call_alloc(a, n);
+      if (!sum) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
+      snprintf(sum, n, "%sdoes not fit: %s\n", m->summary ? m->summary : "", adm.why);
+      m->summary = sum;
+    }
   }
   return 0;
 }

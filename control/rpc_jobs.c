@@ -105,8 +105,14 @@ void gs_rpc_jobs_free(gs_daemon *d) {
 }
 
 /* The vdev a job goes to: the named one (the tenant's own), or the tenant's
- * only vdev when none is named. */
-static int job_vdev(gs_call *c, const char *name, const char *field, gs_vdev *v, gs_err *e) {
+ * only vdev when none is named. Submit and plan choose alike; `how` says
+ * how the caller names one ("vdev: \"NAME\" in the job or gpuctl submit
+ * --vdev NAME"). A tenant of several vdevs is told their names. With
+ * `none_ok`, a caller without a vdev (an admin of no tenant, a tenant
+ * without vdevs) gets *has false instead of an error. */
+static int job_vdev(gs_call *c, const char *name, const char *field, const char *how, bool none_ok,
+                    gs_vdev *v, bool *has, gs_err *e) {
+  *has = false;
   if (name && *name) {
     if (gs_store_name_valid(name, field, e) < 0) return gs_err_rc(e);
     if (gs_store_vdev_get(c->d->store, name, v, e) < 0 ||
@@ -116,22 +122,35 @@ static int job_vdev(gs_call *c, const char *name, const char *field, gs_vdev *v,
       return gs_err_set(e, GS_NOT_FOUND, field, "no vdev named \"%s\" for tenant %s (gpuctl vdev list)",
                         b, c->id.tenant[0] ? c->id.tenant : "(none)");
     }
+    *has = true;
     return 0;
   }
   gs_vdev *all;
   size_t n, mine = 0;
+  char names[400] = "";
+  size_t off = 0;
   if (gs_store_vdev_list(c->d->store, &all, &n, e) < 0) return gs_err_rc(e);
   for (size_t i = 0; i < n; i++)
-    if (!strcmp(all[i].tenant, c->id.tenant)) {
+    if (c->id.tenant[0] && !strcmp(all[i].tenant, c->id.tenant)) {
       if (!mine) *v = all[i];
+      if (off < sizeof names)
+        off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", mine ? ", " : "", all[i].name);
       mine++;
     }
   free(all);
-  if (mine == 1) return 0;
+  if (off >= sizeof names) snprintf(names + sizeof names - 5, 5, "...");
+  if (mine == 1) {
+    *has = true;
+    return 0;
+  }
+  if (mine > 1)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, field,
+                      "the job names no vdev and tenant %s has %zu (%s): name one with %s",
+                      c->id.tenant, mine, names, how);
+  if (none_ok) return 0;
   return gs_err_set(e, GS_INVALID_ARGUMENT, field,
-                    mine ? "tenant %s has %zu vdevs: name one with vdev: \"NAME\" in the job"
-                         : "tenant %s has no vdev%.0zu: an admin creates one with gpuctl vdev create",
-                    c->id.tenant[0] ? c->id.tenant : "(none)", mine);
+                    "tenant %s has no vdev: an admin creates one with gpuctl vdev create",
+                    c->id.tenant[0] ? c->id.tenant : "(none)");
 }
 
 int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
@@ -139,11 +158,12 @@ int gs_rpc_plan(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (!r->spec) return gs_err_set(e, GS_INVALID_ARGUMENT, "spec", "no job spec given");
   gs_vdev v;
   bool has_vdev = false;
-  const char *vname = r->vdev && *r->vdev ? r->vdev : r->spec->vdev;
-  if (vname && *vname) {
-    if (job_vdev(c, vname, "vdev", &v, e) < 0) return gs_err_rc(e);
-    has_vdev = true;
-  }
+  bool by_flag = r->vdev && *r->vdev;
+  /* The vdev submit would choose; without one (no tenant, or a tenant
+   * without vdevs) the plan has no limit. */
+  if (job_vdev(c, by_flag ? r->vdev : r->spec->vdev, by_flag ? "vdev" : "spec.vdev",
+               "gpuctl plan --vdev NAME (or vdev: \"NAME\" in the job)", true, &v, &has_vdev, e) < 0)
+    return gs_err_rc(e);
   Gpushare__V1__PlanResponse *m =
       GS_CALL_MSG(&c->ar, Gpushare__V1__PlanResponse, GPUSHARE__V1__PLAN_RESPONSE__INIT);
   if (!m) return gs_err_set(e, GS_INTERNAL, "", "out of memory");
@@ -193,7 +213,10 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
   if (gs_exec_events_shutting_down(d))
     return gs_err_set(e, GS_UNAVAILABLE, "", "gpushared is shutting down; submit again after it restarts");
   gs_vdev v;
-  if (job_vdev(c, spec->vdev, "spec.vdev", &v, e) < 0) return gs_err_rc(e);
+  bool has_vdev;
+  if (job_vdev(c, spec->vdev, "spec.vdev", "vdev: \"NAME\" in the job or gpuctl submit --vdev NAME",
+               false, &v, &has_vdev, e) < 0)
+    return gs_err_rc(e);
   const char *tenant = v.tenant;
   if (spec->name && strlen(spec->name) > 200)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.name",
