@@ -22,65 +22,109 @@
 
 /* ------------------------------------------------------------ messages --- */
 
-int cli_usage_error(const gpuctl_cli *x, const char *fmt, ...) {
+/* --json: errors are JSON objects too (see cli_error). */
+static int json_errors;
+
+void cli_set_json_errors(int on) { json_errors = on; }
+int cli_json_errors(void) { return json_errors; }
+
+static void error_object(const char *code, const char *field, const char *msg, const char *key,
+                         const ProtobufCMessage *detail) {
+  pbjson j = {.f = stderr};
+  pbjson_open(&j, NULL, '{');
+  pbjson_open(&j, "error", '{');
+  pbjson_str(&j, "code", code);
+  pbjson_str(&j, "message", msg);
+  if (field && *field) pbjson_str(&j, "field", field);
+  if (key && detail) pbjson_message(&j, key, detail);
+  pbjson_close(&j, '}');
+  pbjson_close(&j, '}');
+  fputc('\n', stderr);
+  fflush(stderr);
+}
+
+int cli_error(const char *code, const char *field, const char *key, const ProtobufCMessage *detail,
+              const char *fmt, ...) {
+  char msg[4096];
   va_list ap;
-  fprintf(stderr, "gpuctl: %s%s", x->cmd ? x->cmd->name : "", x->cmd ? ": " : "");
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "\nTry 'gpuctl %s%s--help'.\n", x->cmd ? x->cmd->name : "", x->cmd ? " " : "");
+  if (json_errors) error_object(code, field, msg, key, detail);
+  else fprintf(stderr, "gpuctl: %s\n", msg);
+  return GPUCTL_EXIT_FAIL;
+}
+
+int cli_usage_error(const gpuctl_cli *x, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (json_errors) {
+    error_object("USAGE", x->cmd ? x->cmd->name : "", msg, NULL, NULL);
+  } else {
+    fprintf(stderr, "gpuctl: %s%s%s", x->cmd ? x->cmd->name : "", x->cmd ? ": " : "", msg);
+    fprintf(stderr, "\nTry 'gpuctl %s%s--help'.\n", x->cmd ? x->cmd->name : "", x->cmd ? " " : "");
+  }
   return GPUCTL_EXIT_USAGE;
 }
 
 /* A local failure (a file that cannot be read, a spec that does not parse). */
 int cli_fail(const char *fmt, ...) {
+  char msg[4096];
   va_list ap;
-  fprintf(stderr, "gpuctl: ");
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  return GPUCTL_EXIT_FAIL;
+  return cli_error("LOCAL", NULL, NULL, NULL, "%s", msg);
+}
+
+int cli_report_detail(int rc, const gs_err *e, const char *context, const char *key,
+                      const ProtobufCMessage *detail) {
+  const char *pre = context ? context : "", *sep = context ? ": " : "";
+  if (rc == GS_CLIENT_REFUSED) {
+    if (json_errors)
+      return cli_error(gs_code_name(e->code), e->field, key, detail, "%s%s%s", pre, sep, e->msg);
+    return cli_error("", "", NULL, NULL, "%s%s%s: %s%s%s%s", pre, sep, gs_code_name(e->code), e->msg,
+                     e->field[0] ? " (field: " : "", e->field, e->field[0] ? ")" : "");
+  }
+  /* the connection failed (UNAVAILABLE) or its answer was malformed (INTERNAL) */
+  return cli_error(e->code ? gs_code_name(e->code) : "UNAVAILABLE", e->field, NULL, NULL, "%s%s%s", pre,
+                   sep, e->msg[0] ? e->msg : strerror(-rc));
 }
 
 /* What the daemon refused, or why talking to it failed. */
-int cli_report(int rc, const gs_err *e) {
-  if (rc == GS_CLIENT_REFUSED) {
-    fprintf(stderr, "gpuctl: %s: %s", gs_code_name(e->code), e->msg);
-    if (e->field[0]) fprintf(stderr, " (field: %s)", e->field);
-    fputc('\n', stderr);
-  } else {
-    fprintf(stderr, "gpuctl: %s\n", e->msg[0] ? e->msg : strerror(-rc));
-  }
-  return GPUCTL_EXIT_FAIL;
-}
+int cli_report(int rc, const gs_err *e) { return cli_report_detail(rc, e, NULL, NULL, NULL); }
 
 int cli_connect(gpuctl_cli *x) {
   if (x->c) return 0;
   gs_err e = {0};
   const char *path = x->socket ? x->socket : gs_client_default_socket();
   int rc = gs_client_connect(path, &x->c, &e);
-  if (rc) {
-    fprintf(stderr, "gpuctl: %s (is gpushared running? set --socket or GPUSHARE_SOCKET)\n", e.msg);
-    return GPUCTL_EXIT_FAIL;
-  }
+  if (rc)
+    return cli_error("UNAVAILABLE", NULL, NULL, NULL,
+                     "%s (is gpushared running? set --socket or GPUSHARE_SOCKET)", e.msg);
   return 0;
 }
 
 /* Connect if needed, make the call; on any failure print it and return 1.
- * On a refusal *resp is still set when the daemon sent detail. */
+ * On a refusal *resp is still set when the daemon sent detail (with
+ * --json, a refusal's Plan goes into the error object as "plan"). */
 int cli_call(gpuctl_cli *x, Gpushare__V1__Request *req, Gpushare__V1__Response **resp) {
   *resp = NULL;
   if (cli_connect(x)) return GPUCTL_EXIT_FAIL;
   gs_err e = {0};
   int rc = gs_client_call(x->c, req, resp, &e);
-  if (rc) return cli_report(rc, &e);
+  if (rc)
+    return cli_report_detail(rc, &e, NULL, "plan",
+                             *resp && (*resp)->plan ? &(*resp)->plan->base : NULL);
   return 0;
 }
 
 void cli_print_text(FILE *f, char *text) {
   if (!text) {
-    fprintf(stderr, "gpuctl: out of memory\n");
+    cli_fail("out of memory");
     return;
   }
   fputs(text, f);
@@ -175,9 +219,9 @@ int cli_parse_job_id(const gpuctl_cli *x, const char *s, uint64_t *id) {
  * call is a bug we want to hear about, not a crash. */
 int cli_expect(Gpushare__V1__Response *r, int result_case) {
   if ((int)r->result_case == result_case) return 0;
-  fprintf(stderr, "gpuctl: INTERNAL: gpushared answered with another call's result (case %d, expected %d)\n",
-          (int)r->result_case, result_case);
-  return GPUCTL_EXIT_FAIL;
+  return cli_error("INTERNAL", NULL, NULL, NULL,
+                   "INTERNAL: gpushared answered with another call's result (case %d, expected %d)",
+                   (int)r->result_case, result_case);
 }
 
 /* Run one call whose answer is printed as JSON or by `human`. */

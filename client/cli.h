@@ -6,6 +6,14 @@
  *
  * Exit statuses: a usage error is GPUCTL_EXIT_USAGE (2), anything refused or
  * failed GPUCTL_EXIT_FAIL (1); each function that reports one returns it.
+ *
+ * Errors go to stderr: as text ("gpuctl: ..."), or with --json as one JSON
+ * object a line, {"error":{"code":C,"message":M,"field":F}}, whatever the
+ * error: C is the daemon's gpushare.v1.Code name for what it refused
+ * (UNAVAILABLE when it cannot be reached), USAGE for a command line that is
+ * wrong (field: the command), LOCAL for a failure on this side (a file,
+ * protoc), JOB_<STATE> for a watched job that did not succeed. Some carry
+ * the message that explains them ("plan" of a refused submit, "job").
  */
 #ifndef GPUCTL_CLI_H
 #define GPUCTL_CLI_H
@@ -16,6 +24,14 @@
 #include "client/client.h"
 #include "client/gpuctl.h"
 
+/* --json was given: errors are JSON objects (main sets it first). */
+void cli_set_json_errors(int on);
+int cli_json_errors(void);
+/* An error: "gpuctl: MESSAGE" on stderr, or with --json the object with
+ * code, field (may be NULL) and detail as member `key` (may be NULL);
+ * returns GPUCTL_EXIT_FAIL. */
+int cli_error(const char *code, const char *field, const char *key, const ProtobufCMessage *detail,
+              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* "gpuctl: COMMAND: MESSAGE" and "Try 'gpuctl COMMAND --help'." on stderr;
  * returns GPUCTL_EXIT_USAGE. */
 int cli_usage_error(const gpuctl_cli *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -25,6 +41,10 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* What the daemon refused (rc GS_CLIENT_REFUSED), or why talking to it
  * failed; returns GPUCTL_EXIT_FAIL. */
 int cli_report(int rc, const gs_err *e);
+/* cli_report with the words `context` first (may be NULL) and, with --json,
+ * detail as member `key`. */
+int cli_report_detail(int rc, const gs_err *e, const char *context, const char *key,
+                      const ProtobufCMessage *detail);
 
 /* Strict decimal: digits only, within [min, max]; else a usage error naming
  * `what`. */

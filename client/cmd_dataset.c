@@ -78,9 +78,16 @@ int gpuctl_cmd_dataset_add(gpuctl_cli *x, gpuctl_parsed *p) {
         table_print(&t);
       }
       table_free(&t);
-      cli_report(urc, &e);
-      fprintf(stderr, "gpuctl: dataset %.80s%s (%s) was not added\n", dsname,
-              strlen(dsname) > 80 ? "..." : "", p->pos[i]);
+      if (x->json) {
+        char ctx[256];
+        snprintf(ctx, sizeof ctx, "dataset %.80s%s (%s) was not added", dsname, strlen(dsname) > 80 ? "..." : "",
+                 p->pos[i]);
+        cli_report_detail(urc, &e, ctx, NULL, NULL);
+      } else {
+        cli_report(urc, &e);
+        fprintf(stderr, "gpuctl: dataset %.80s%s (%s) was not added\n", dsname,
+                strlen(dsname) > 80 ? "..." : "", p->pos[i]);
+      }
       free(dsname);
       rc = GPUCTL_EXIT_FAIL;
       break;

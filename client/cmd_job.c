@@ -138,8 +138,7 @@ static int find_protoc(char *out, size_t n, const char *verb) {
     if (!colon) break;
     p = colon + 1;
   }
-  fprintf(stderr, "gpuctl job %s needs protoc (Debian: apt-get install protobuf-compiler)\n", verb);
-  return GPUCTL_EXIT_FAIL;
+  return cli_fail("gpuctl job %s needs protoc (Debian: apt-get install protobuf-compiler)", verb);
 }
 
 /* Run protoc MODE=gpushare.v1.JobSpec with stdin from in_fd and stdout to
@@ -189,18 +188,25 @@ static int run_protoc(const char *mode, int in_fd, int out_fd, const char *src) 
   int st = 0;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
   int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-  /* "input:3:7: Expected integer, got: oops" -> "job.txtpb:3:7: ..." */
+  /* "input:3:7: Expected integer, got: oops" -> "job.txtpb:3:7: ..."; with
+   * --json the lines go into the error's message, "; " between them */
+  char said[4096] = "";
+  size_t off = 0;
   for (char *line = msg, *next; line && *line; line = next) {
     next = strchr(line, '\n');
     if (next) *next++ = '\0';
     if (!strcmp(line, "Failed to parse input.")) continue;
-    if (!strncmp(line, "input:", 6)) fprintf(stderr, "%s:%s\n", src, line + 6);
-    else fprintf(stderr, "%s: %s\n", src, line);
+    int input = !strncmp(line, "input:", 6);
+    if (!cli_json_errors()) fprintf(stderr, "%s:%s%s\n", src, input ? "" : " ", input ? line + 6 : line);
+    else if (off < sizeof said)
+      off += (size_t)snprintf(said + off, sizeof said - off, "%s%s:%s%s", off ? "; " : "", src,
+                              input ? "" : " ", input ? line + 6 : line);
   }
   if (ok) return 0;
   if (!strcmp(mode, "--encode"))
-    return cli_fail("%s does not parse as a text gpushare.v1.JobSpec; nothing was written", src);
-  return cli_fail("protoc could not print %s", src);
+    return cli_fail("%s does not parse as a text gpushare.v1.JobSpec; nothing was written%s%s", src,
+                    said[0] ? ": " : "", said);
+  return cli_fail("protoc could not print %s%s%s", src, said[0] ? ": " : "", said);
 }
 
 /* JOB.txtpb -> JOB.pb: the extension after the last dot is replaced. */
@@ -340,29 +346,43 @@ static void plan_print(FILE *f, const Gpushare__V1__Plan *pl) {
   fprintf(f, "precision: %s, micro-batch %" PRIu32 " x %" PRIu32 " accumulation step%s\n",
           table_precision_name(pl->precision), pl->micro_batch, pl->accumulation_steps,
           pl->accumulation_steps == 1 ? "" : "s");
-  if (pl->limit_bytes)
+  if (pl->limit_bytes && pl->vdev && *pl->vdev)
+    fprintf(f, "peak: %s of vdev %s's %s limit: %s\n", table_fsize(pl->peak_bytes), pl->vdev,
+            table_fsize(pl->limit_bytes), pl->fits ? "fits" : "does NOT fit");
+  else if (pl->limit_bytes)
     fprintf(f, "peak: %s of a %s limit: %s\n", table_fsize(pl->peak_bytes), table_fsize(pl->limit_bytes),
             pl->fits ? "fits" : "does NOT fit");
   else
     fprintf(f, "peak: %s\n", table_fsize(pl->peak_bytes));
 }
 
-static void plan_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
-  (void)x;
-  if (r->plan_result->plan) plan_print(stdout, r->plan_result->plan);
-}
-
+/* The plan, against the vdev submit would choose (the one named, else the
+ * tenant's only one): the table, the peak against the vdev's limit and,
+ * when it does not fit, what does. Exit GPUCTL_EXIT_NOFIT when the job as
+ * written does not fit, so a script can tell before it submits. */
 int gpuctl_cmd_plan(gpuctl_cli *x, gpuctl_parsed *p) {
   Gpushare__V1__JobSpec *spec;
   if (read_spec(p->pos[0], &spec)) return GPUCTL_EXIT_FAIL;
+  int named = p->nval[0] || (spec->vdev && *spec->vdev);
   int rc = cli_connect(x); /* before hashing: a stopped daemon is said at once */
   if (!rc) rc = gpuctl_resolve_spec(x, spec, 0);
+  Gpushare__V1__Response *r = NULL;
   if (!rc) {
     GPUCTL_REQ(req, plan, PLAN, Gpushare__V1__PlanRequest, GPUSHARE__V1__PLAN_REQUEST__INIT);
     plan_msg.spec = spec;
     if (p->nval[0]) plan_msg.vdev = (char *)p->val[0][0];
-    rc = cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT, plan_human);
+    rc = cli_call(x, &req, &r);
+    if (!rc) rc = cli_expect(r, GPUSHARE__V1__RESPONSE__RESULT_PLAN_RESULT);
   }
+  const Gpushare__V1__Plan *pl = !rc ? r->plan_result->plan : NULL;
+  if (!rc && x->json) {
+    pbjson_print(&r->plan_result->base);
+  } else if (pl) {
+    if (pl->vdev && *pl->vdev && !named) printf("vdev: %s (your tenant's only vdev)\n", pl->vdev);
+    plan_print(stdout, pl);
+  }
+  if (pl && pl->has_fits && !pl->fits) rc = GPUCTL_EXIT_NOFIT;
+  gs_client_free_response(r);
   gpushare__v1__job_spec__free_unpacked(spec, NULL);
   return rc;
 }
@@ -395,10 +415,11 @@ static int submit_precheck(gpuctl_cli *x, const Gpushare__V1__JobSpec *spec) {
   }
   const Gpushare__V1__Plan *pl = !rc ? r->plan_result->plan : NULL;
   if (pl && pl->has_fits && !pl->fits) {
-    plan_print(stderr, pl);
-    rc = cli_fail("the job does not fit vdev %s: planned peak %s, limit %s; nothing was uploaded "
+    if (!x->json) plan_print(stderr, pl);
+    rc = cli_error("RESOURCE_EXHAUSTED", "spec.batch_size", "plan", &pl->base,"the job does not fit vdev %s: planned peak %s, limit %s; nothing was uploaded "
                   "(set auto_fit to let gpushare pick a smaller micro-batch)",
-                  spec->vdev, table_fsize(pl->peak_bytes), table_fsize(pl->limit_bytes));
+                  pl->vdev && *pl->vdev ? pl->vdev : spec->vdev, table_fsize(pl->peak_bytes),
+                  table_fsize(pl->limit_bytes));
   }
   gs_client_free_response(r);
   gpushare__v1__job_spec__free_unpacked(copy, NULL);
@@ -437,7 +458,7 @@ int gpuctl_cmd_submit(gpuctl_cli *x, gpuctl_parsed *p) {
   rc = cli_call(x, &req, &r);
   if (rc) {
     /* a job that does not fit is refused with the plan that says why */
-    if (r && r->plan) plan_print(stderr, r->plan);
+    if (r && r->plan && !x->json) plan_print(stderr, r->plan);
     gs_client_free_response(r);
     goto out;
   }

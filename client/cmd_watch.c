@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <time.h>
@@ -66,7 +67,7 @@ void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, int precision, char *bu
 /* What gpuctl watch shows, and how (see watch_job). */
 typedef struct watch_view {
   int tty;             /* stdout is a terminal: one live line */
-  int cols;            /* its width (the live line is cut to fit) */
+  int cols;            /* its width (gpuctl_term_width; the live line is cut to fit) */
   int live;            /* a live line is on screen, without its newline */
   double last_plain;   /* monotonic time of the last plain progress line */
   int have_acc;        /* an epoch has ended: acc is its test accuracy */
@@ -131,10 +132,23 @@ static void watch_put(watch_view *v, const char *line) {
   fflush(stdout);
 }
 
-/* A progress line: live on a terminal, else at most every few seconds. */
+int gpuctl_term_width(int fd) {
+  struct winsize ws;
+  if (isatty(fd) && ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  const char *c = getenv("COLUMNS");
+  if (c && *c && strspn(c, "0123456789") == strlen(c) && strlen(c) <= 5) {
+    int n = atoi(c);
+    if (n > 0) return n;
+  }
+  return 80;
+}
+
+/* A progress line: live on a terminal, else at most every few seconds.
+ * The width is read at each line, so a resized terminal is followed. */
 static void watch_progress(watch_view *v, const char *line) {
   if (v->tty) {
-    int w = v->cols > 1 ? v->cols - 1 : 79;
+    v->cols = gpuctl_term_width(STDOUT_FILENO);
+    int w = v->cols > 1 ? v->cols - 1 : 1;
     printf("\r%.*s\033[K", w, line);
     v->live = 1;
   } else {
@@ -223,9 +237,7 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
   uint64_t rid;
   int rc = gs_client_send(x->c, &req, &rid, &e);
   if (rc) return cli_report(rc, &e);
-  watch_view v = {.tty = isatty(STDOUT_FILENO), .cols = 80, .last_state = -1, .precision = precision};
-  struct winsize ws;
-  if (v.tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) v.cols = ws.ws_col;
+  watch_view v = {.tty = isatty(STDOUT_FILENO), .last_state = -1, .precision = precision};
   int final_state = -1;
   char final_msg[512] = "";
   for (;;) {
@@ -234,15 +246,17 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
     if (rc) {
       if (v.live) fputc('\n', stdout);
       gs_client_free_response(r);
-      int out = cli_report(rc, &e);
-      if (rc == GS_CLIENT_REFUSED) return out; /* the daemon said why: no such job, not yours */
-      return cli_fail("lost the daemon while watching job %" PRIu64 "; gpuctl watch %" PRIu64 " follows it again",
-                  id, id);
+      if (rc == GS_CLIENT_REFUSED) return cli_report(rc, &e); /* the daemon said why: no such job, not yours */
+      if (!x->json) cli_report(rc, &e);
+      return cli_error("UNAVAILABLE", NULL, NULL, NULL,
+                       "lost the daemon while watching job %" PRIu64 " (%s); gpuctl watch %" PRIu64
+                       " follows it again",
+                       id, e.msg[0] ? e.msg : strerror(-rc), id);
     }
     if (r->result_case != GPUSHARE__V1__RESPONSE__RESULT_WATCH) {
       gs_client_free_response(r);
       if (v.live) fputc('\n', stdout);
-      return cli_fail("INTERNAL: gpushared answered a watch with another call's result");
+      return cli_error("INTERNAL", NULL, NULL, NULL, "INTERNAL: gpushared answered a watch with another call's result");
     }
     const Gpushare__V1__WatchResponse *w = r->watch;
     const Gpushare__V1__JobEvent *ev = w->event;
@@ -290,9 +304,14 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id) {
   int out = GPUCTL_EXIT_OK;
   if (st != GPUSHARE__V1__JOB_STATE__SUCCEEDED) {
     out = GPUCTL_EXIT_FAIL;
-    if (st < 0) fprintf(stderr, "gpuctl: gpushared did not say how job %" PRIu64 " ended\n", id);
-    else fprintf(stderr, "gpuctl: job %" PRIu64 " %s%s%s\n", id, table_state_name(st), why ? ": " : "", why ? why : "");
-    if (j && j->oom) {
+    char code[64];
+    snprintf(code, sizeof code, "JOB_%s", st >= 0 ? table_state_name(st) : "UNKNOWN");
+    if (st < 0)
+      cli_error(code, NULL, "job", j ? &j->base : NULL, "gpushared did not say how job %" PRIu64 " ended", id);
+    else
+      cli_error(code, NULL, "job", j ? &j->base : NULL, "job %" PRIu64 " %s%s%s", id, table_state_name(st),
+                why ? ": " : "", why ? why : "");
+    if (j && j->oom && !x->json) {
       fputc('\n', stderr);
       cli_print_text(stderr, gs_present_oom(j->oom));
     }

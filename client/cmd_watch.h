@@ -16,6 +16,9 @@ int gpuctl_watch_job(gpuctl_cli *x, uint64_t id);
 /* One line describing an event of a job trained in `precision` (a
  * Precision, or -1 when not known: see table_fscale), into buf. */
 void gpuctl_event_line(const Gpushare__V1__JobEvent *ev, int precision, char *buf, size_t n);
+/* The width of the terminal on fd, for the live line: its TIOCGWINSZ size
+ * when fd is a terminal that has one, else $COLUMNS, else 80. */
+int gpuctl_term_width(int fd);
 /* The Precision job id was submitted with, or -1 when it cannot be asked. */
 int gpuctl_job_precision(gpuctl_cli *x, uint64_t id);
 

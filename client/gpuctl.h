@@ -25,6 +25,7 @@
 #define GPUCTL_EXIT_OK 0
 #define GPUCTL_EXIT_FAIL 1  /* refused by the daemon, or failed */
 #define GPUCTL_EXIT_USAGE 2 /* the command line is wrong; nothing was done */
+#define GPUCTL_EXIT_NOFIT 3 /* plan: the job, as written, does not fit its vdev */
 
 #define GPUCTL_MAX_ARGS 128 /* positional arguments or values of one flag */
 #define GPUCTL_MAX_FLAGS 8

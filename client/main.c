@@ -64,7 +64,10 @@ static const gpuctl_flag quota_set_flags[] = {
     {"--max-queued", NULL, "N", 0, 0, "jobs waiting at once (0 = unlimited)"},
     {0}};
 
-static const gpuctl_flag plan_flags[] = {{"--vdev", NULL, "V", 0, 0, "plan against this vdev's memory limit"}, {0}};
+static const gpuctl_flag plan_flags[] = {
+    {"--vdev", NULL, "V", 0, 0,
+     "plan against this vdev's memory limit (default: the spec's vdev, else your tenant's only one)"},
+    {0}};
 static const gpuctl_flag submit_flags[] = {
     {"--watch", NULL, NULL, 0, 0, "follow the job until it ends (as gpuctl watch)"},
     {"--vdev", NULL, "V", 0, 0, "run it on this vdev (instead of the spec's vdev)"},
@@ -123,7 +126,13 @@ static const gpuctl_command commands[] = {
      gpuctl_cmd_job_show, "The text form needs protoc, as job encode does; --json needs nothing else.\n"},
     {"plan", "JOB.pb", 1, 1, "predict a job's peak memory, layer by layer", plan_flags, gpuctl_cmd_plan,
      "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
-     "Local idx paths are hashed and sent as sha256: references; nothing is uploaded.\n"},
+     "Local idx paths are hashed and sent as sha256: references; nothing is uploaded.\n"
+     "The vdev is the one submit would choose: --vdev, else the spec's vdev, else\n"
+     "your tenant's only vdev (a tenant of several must name one; without any the\n"
+     "plan has no limit). A job that does not fit is printed with what would fit.\n"
+     "Exit status: 0 the job fits (or there is no limit), 3 it does not fit the\n"
+     "vdev as written (submit refuses it unless it sets auto_fit), 1 refused or\n"
+     "failed, 2 usage error.\n"},
     {"submit", "JOB.pb", 1, 1, "submit a job (--watch: and follow it, as gpuctl watch)", submit_flags, gpuctl_cmd_submit,
      "JOB.pb is a binary gpushare.v1.JobSpec (gpuctl job encode JOB.txtpb).\n"
      "idx images/labels given as local paths (relative to the current directory)\n"
@@ -143,7 +152,8 @@ static const gpuctl_command commands[] = {
      "sees no jobs.\n"},
     {"watch", "ID", 1, 1, "follow a job until it ends; exit 0 if it succeeded, 1 otherwise", no_flags, gpuctl_cmd_watch,
      "On a terminal the progress is one live line (epoch, step, loss, the last\n"
-     "epoch's test accuracy, samples/s, memory in use / limit, fp16 loss scale);\n"
+     "epoch's test accuracy, samples/s, memory in use / limit, fp16 loss scale),\n"
+     "cut to the terminal's width (its size, else $COLUMNS, else 80 columns);\n"
      "otherwise a line per epoch and at most one progress line every 5 seconds.\n"
      "The last line says how the job ended; on failure the reason and any\n"
      "out-of-memory report go to stderr. With --json: one gpushare.v1.WatchResponse\n"
@@ -192,7 +202,9 @@ static void print_main_usage(FILE *f) {
   fprintf(f,
           "\n"
           "Sizes read as 4GiB, 512MiB, 64k (powers of 1024) or 1.5GB (powers of 1000).\n"
-          "Exit status: 0 ok, 1 refused or failed, 2 usage error.\n");
+          "Exit status: 0 ok, 1 refused or failed, 2 usage error, 3 plan: the job does not\n"
+          "fit its vdev. With --json, an error is one JSON object on stderr:\n"
+          "{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\"...\",\"field\":\"...\"}}.\n");
 }
 
 static void print_command_usage(FILE *f, const gpuctl_command *c) {
@@ -309,6 +321,10 @@ int main(int argc, char **argv) {
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   if (!rest) return cli_fail("out of memory");
   int nrest = 0, rc;
+  /* --json anywhere before "--" makes every error, even one about the
+   * options before it, a JSON object */
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+    if (!strcmp(argv[i], "--json")) cli_set_json_errors(1);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--")) {
@@ -320,13 +336,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--socket") || !strncmp(a, "--socket=", 9)) {
       const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
       if (!v) {
-        fprintf(stderr, "gpuctl: --socket needs a value (P, the daemon's socket path)\nTry 'gpuctl --help'.\n");
-        rc = GPUCTL_EXIT_USAGE;
+        rc = cli_usage_error(&x, "--socket needs a value (P, the daemon's socket path)");
         goto out;
       }
       if (!*v) {
-        fprintf(stderr, "gpuctl: --socket: the path is empty\nTry 'gpuctl --help'.\n");
-        rc = GPUCTL_EXIT_USAGE;
+        rc = cli_usage_error(&x, "--socket: the path is empty");
         goto out;
       }
       x.socket = v;
@@ -340,14 +354,17 @@ int main(int argc, char **argv) {
     cstart = 1;
   }
   if (cstart >= nrest) {
+    if (!help && cli_json_errors()) {
+      rc = cli_usage_error(&x, "no command given");
+      goto out;
+    }
     print_main_usage(help ? stdout : stderr);
     rc = help ? GPUCTL_EXIT_OK : GPUCTL_EXIT_USAGE;
     goto out;
   }
   const char *w1 = rest[cstart];
   if (w1[0] == '-') {
-    fprintf(stderr, "gpuctl: unknown option %s\nTry 'gpuctl --help'.\n", w1);
-    rc = GPUCTL_EXIT_USAGE;
+    rc = cli_usage_error(&x, "unknown option %s", w1);
     goto out;
   }
   int nwords = 0;
@@ -357,6 +374,9 @@ int main(int argc, char **argv) {
       if (help) {
         print_group_usage(stdout, w1);
         rc = GPUCTL_EXIT_OK;
+      } else if (cli_json_errors()) {
+        if (cstart + 1 < nrest) rc = cli_usage_error(&x, "%s: unknown subcommand \"%s\"", w1, rest[cstart + 1]);
+        else rc = cli_usage_error(&x, "%s: missing subcommand", w1);
       } else {
         if (cstart + 1 < nrest) fprintf(stderr, "gpuctl: %s: unknown subcommand \"%s\"\n", w1, rest[cstart + 1]);
         else fprintf(stderr, "gpuctl: %s: missing subcommand\n", w1);
@@ -364,8 +384,7 @@ int main(int argc, char **argv) {
         rc = GPUCTL_EXIT_USAGE;
       }
     } else {
-      fprintf(stderr, "gpuctl: unknown command \"%s\"\nTry 'gpuctl --help'.\n", w1);
-      rc = GPUCTL_EXIT_USAGE;
+      rc = cli_usage_error(&x, "unknown command \"%s\"", w1);
     }
     goto out;
   }

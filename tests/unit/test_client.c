@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -262,6 +263,31 @@ static void serve_one(int fd, const Gpushare__V1__Request *q) {
       js.job = &j;
       r.result_case = GPUSHARE__V1__RESPONSE__RESULT_JOB_STATUS;
       r.job_status = &js;
+      send_resp(fd, &r);
+      return;
+    }
+    case GPUSHARE__V1__REQUEST__CALL_LIST_JOBS: {
+      /* job 1 runs and has reported no step yet; job 2 is in its epoch 3 */
+      Gpushare__V1__ListJobsResponse lr = GPUSHARE__V1__LIST_JOBS_RESPONSE__INIT;
+      Gpushare__V1__Job j1 = GPUSHARE__V1__JOB__INIT, j2 = GPUSHARE__V1__JOB__INIT, *js[2] = {&j1, &j2};
+      Gpushare__V1__EpochMetrics e1 = GPUSHARE__V1__EPOCH_METRICS__INIT, e2 = GPUSHARE__V1__EPOCH_METRICS__INIT;
+      Gpushare__V1__EpochMetrics *es[2] = {&e1, &e2};
+      j1.has_id = j2.has_id = j1.has_state = j2.has_state = 1;
+      j1.id = 1;
+      j2.id = 2;
+      j1.state = j2.state = GPUSHARE__V1__JOB_STATE__RUNNING;
+      j2.has_step = j2.has_total_steps = 1;
+      j2.step = 250;
+      j2.total_steps = 1000;
+      e1.has_epoch = e2.has_epoch = 1;
+      e1.epoch = 1;
+      e2.epoch = 2;
+      j2.n_epoch = 2;
+      j2.epoch = es;
+      lr.n_job = 2;
+      lr.job = js;
+      r.result_case = GPUSHARE__V1__RESPONSE__RESULT_LIST_JOBS;
+      r.list_jobs = &lr;
       send_resp(fd, &r);
       return;
     }
@@ -760,6 +786,115 @@ Test(gpuctl, job_help_answers) {
   cr_assert_eq(run_gpuctl("job encode --help", out, sizeof out), 0, "%s", out);
   cr_assert(strstr(out, "-o, --output JOB.pb"), "%s", out);
   cr_assert_eq(run_gpuctl("job", out, sizeof out), 2, "%s", out);
+}
+
+/* With --json every error is one JSON object on stderr, whatever made it,
+ * and the exit status is the one the text form has. */
+static int starts(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
+static int run_gpuctl_stderr(const char *args, char *out, size_t n) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1 >/dev/null", GPUCTL_PATH, fake.path, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(gpuctl, json_errors_are_one_object_on_stderr) {
+  char out[8192];
+  fake.mode = REFUSE;
+  cr_assert_eq(run_gpuctl_stderr("--json vdev delete nope", out, sizeof out), 1, "%s", out);
+  cr_assert_str_eq(out, "{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\"no vdev named \\\"nope\\\"\","
+                        "\"field\":\"vdev\"}}\n");
+  fake.mode = ECHO;
+  cr_assert_eq(run_gpuctl_stderr("vdev create v --tenant t --memory 4XB --json", out, sizeof out), 2, "%s", out);
+  cr_assert(starts(out, "{\"error\":{\"code\":\"USAGE\",\"message\":\"--memory: size \\\"4XB\\\""), "%s", out);
+  cr_assert(strstr(out, "\"field\":\"vdev create\"}}\n"), "%s", out);
+  cr_assert_null(strstr(out, "Try "), "%s", out);
+  cr_assert_eq(run_gpuctl_stderr("--json plan /nonexistent/job.pb", out, sizeof out), 1, "%s", out);
+  cr_assert(starts(out, "{\"error\":{\"code\":\"LOCAL\",\"message\":\""), "%s", out);
+  cr_assert_eq(run_gpuctl_stderr("--json frobnicate", out, sizeof out), 2, "%s", out);
+  cr_assert_str_eq(out, "{\"error\":{\"code\":\"USAGE\",\"message\":\"unknown command \\\"frobnicate\\\"\"}}\n");
+  /* a watched job that failed: its state as the code, the job (with its
+   * OOM report) as detail; no text report */
+  cr_assert_eq(run_gpuctl_stderr("--json watch 9", out, sizeof out), 1, "%s", out);
+  cr_assert(starts(out, "{\"error\":{\"code\":\"JOB_FAILED\",\"message\":\"job 9 FAILED: out of memory in dense_1 "
+                          "(activations)\",\"job\":{\"id\":9,"), "%s", out);
+  cr_assert(strstr(out, "\"oom\":{\"layer\":\"dense_1\""), "%s", out);
+  cr_assert_eq(strchr(out, '\n') - out + 1, (long)strlen(out), "one line: %s", out);
+  /* without --json the same errors are text */
+  cr_assert_eq(run_gpuctl_stderr("frobnicate", out, sizeof out), 2, "%s", out);
+  cr_assert(starts(out, "gpuctl: unknown command \"frobnicate\"\nTry 'gpuctl --help'.\n"), "%s", out);
+}
+
+/* gpuctl watch 9 on a pseudo-terminal of `cols` columns (0: one that
+ * reports no size) with COLUMNS=`columns` (NULL: unset); its output in out. */
+static void watch_on_pty(int cols, const char *columns, char *out, size_t n) {
+  int m = posix_openpt(O_RDWR | O_NOCTTY);
+  cr_assert_geq(m, 0);
+  cr_assert_eq(grantpt(m), 0);
+  cr_assert_eq(unlockpt(m), 0);
+  char *name = ptsname(m);
+  cr_assert_not_null(name);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    setsid();
+    int s = open(name, O_RDWR);
+    if (s < 0) _exit(126);
+    struct winsize ws = {.ws_row = 24, .ws_col = (unsigned short)cols};
+    ioctl(s, TIOCSWINSZ, &ws);
+    dup2(s, 1);
+    dup2(s, 2);
+    if (columns) setenv("COLUMNS", columns, 1);
+    else unsetenv("COLUMNS");
+    execl(GPUCTL_PATH, GPUCTL_PATH, "--socket", fake.path, "watch", "9", (char *)NULL);
+    _exit(127);
+  }
+  size_t got = 0;
+  for (;;) {
+    ssize_t k = read(m, out + got, n - 1 - got);
+    if (k <= 0) break; /* EIO once the child has closed the terminal */
+    got += (size_t)k;
+  }
+  out[got] = '\0';
+  int st;
+  waitpid(pid, &st, 0);
+  close(m);
+}
+
+/* The live line ("\r" LINE "\033[K") as shown: its length. */
+static size_t live_len(const char *out) {
+  const char *a = strstr(out, "\rjob 9  epoch 1");
+  cr_assert_not_null(a, "no live line: %s", out);
+  const char *b = strstr(a, "\033[K");
+  cr_assert_not_null(b, "%s", out);
+  return (size_t)(b - a - 1);
+}
+
+Test(gpuctl, watch_live_line_fits_the_terminal) {
+  /* the live line is "job 9  epoch 1  step 20/30 (66.7%)  loss 0.5000  1234
+   * samples/s  mem 1.00 KiB / 4.00 KiB  scale 1024": 100 characters */
+  char out[16384];
+  watch_on_pty(200, "50", out, sizeof out);
+  cr_assert_eq(live_len(out), 100, "a 200-column terminal shows it whole: %s", out);
+  watch_on_pty(60, NULL, out, sizeof out);
+  cr_assert_eq(live_len(out), 59, "cut to 60 - 1 columns: %s", out);
+  watch_on_pty(0, "70", out, sizeof out);
+  cr_assert_eq(live_len(out), 69, "no size: $COLUMNS, 70 - 1: %s", out);
+  watch_on_pty(0, NULL, out, sizeof out);
+  cr_assert_eq(live_len(out), 79, "no size, no $COLUMNS: 80 - 1: %s", out);
+}
+
+Test(gpuctl, list_shows_where_running_jobs_are) {
+  char out[4096];
+  cr_assert_eq(run_gpuctl("list", out, sizeof out), 0, "%s", out);
+  cr_assert(strstr(out, "PROGRESS"), "%s", out);
+  cr_assert(strstr(out, "RUNNING  starting"), "no step yet: starting, not 0: %s", out);
+  cr_assert(strstr(out, "RUNNING  epoch 3, step 250/1000 (25.0%)"), "%s", out);
 }
 
 Test(gpuctl, usage_error_exits_2_without_connecting) {
