@@ -39,6 +39,9 @@ foreach(stem ${GS_EXAMPLE_NAMES})
           DESTINATION share/doc/gpushare/examples)
 endforeach()
 install(FILES examples/README.md DESTINATION share/doc/gpushare/examples)
+# The protocol, where `gpuctl job encode` finds it (client/cmd_job.c).
+install(FILES proto/gpushare.proto DESTINATION share/gpushare)
+install(FILES completion/gpuctl.bash DESTINATION share/bash-completion/completions RENAME gpuctl)
 
 set(GS_PACKAGE_MAINTAINER "gpushare maintainers <root@localhost>" CACHE STRING
     "Maintainer: field of the Debian package (name <address>)")
@@ -64,7 +67,8 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # postinst creates the groups and user with one or the other.
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "systemd | adduser")
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
+# protobuf-compiler: protoc, which `gpuctl job encode` and `job show` run.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, protobuf-compiler")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_CURRENT_LIST_DIR}/debian/postinst
     ${CMAKE_CURRENT_LIST_DIR}/debian/prerm

@@ -68,6 +68,10 @@ want 644 /usr/lib/systemd/system/gpushared.service /usr/lib/systemd/system/gpush
   /usr/share/doc/gpushare/README.md /usr/share/doc/gpushare/operations.md \
   /usr/share/doc/gpushare/security.md /usr/share/doc/gpushare/examples/README.md \
   /usr/share/doc/gpushare/examples/synthetic-small.txtpb
+want 644 /usr/share/gpushare/gpushare.proto /usr/share/bash-completion/completions/gpuctl \
+  /usr/share/man/man1/gpuctl.1.gz /usr/share/man/man1/gpushare-run.1.gz \
+  /usr/share/man/man5/gpushared.conf.5.gz /usr/share/man/man8/gpushared.8.gz \
+  /usr/share/man/man8/gpushare-executor.8.gz
 if [ -f "$BUILD/examples/synthetic-small.pb" ]; then
   want 644 /usr/share/doc/gpushare/examples/synthetic-small.pb
 fi
@@ -112,6 +116,13 @@ elif [ "$rc" -eq 0 ] && [[ "$out" == *"$VERSION"* ]]; then
 else
   fail "gpuctl --version: exit $rc: $out"
 fi
+if command -v protoc >/dev/null; then
+  # BIN/../share/gpushare/gpushare.proto: the packaged one, as installed
+  expect_ok "the unpacked gpuctl job encode finds the packaged gpushare.proto" env -u GPUSHARE_PROTO \
+    "$ROOT/usr/bin/gpuctl" job encode "$ROOT/usr/share/doc/gpushare/examples/synthetic-small.txtpb" -o "$T/enc.pb"
+  cmp -s "$T/enc.pb" "$ROOT/usr/share/doc/gpushare/examples/synthetic-small.pb" \
+    && pass "it encodes the example as the build did" || fail "job encode of the example differs from the packaged .pb"
+fi
 expect_ok "gpushare-executor --help" "$ROOT/usr/bin/gpushare-executor" --help
 expect_ok "gpushare-run --help" "$ROOT/usr/bin/gpushare-run" --help
 
@@ -127,6 +138,8 @@ echo "Depends: $DEPENDS"
 for lib in libc6 libuv1 libsqlite3-0 libprotobuf-c1 zlib1g libopenblas; do
   [[ "$DEPENDS" == *"$lib"* ]] && pass "Depends names $lib" || fail "Depends lacks $lib"
 done
+[[ "$(field Recommends)" == *protobuf-compiler* ]] && pass "Recommends: protobuf-compiler" \
+  || fail "Recommends: $(field Recommends)"
 [[ "$DEPENDS" == *"libc6 (>= "* ]] && pass "versioned libc6 (dpkg-shlibdeps ran)" || fail "no versioned libc6: $DEPENDS"
 [[ "$DEPENDS" == *"systemd | adduser"* ]] && pass "Depends: systemd | adduser (postinst needs one)" \
   || fail "Depends lacks systemd | adduser"
