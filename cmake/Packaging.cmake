@@ -21,9 +21,11 @@
 # Maintainer scripts (cmake/debian/): postinst creates the groups gpushare
 # and gpushare-admin and the user gpushare with systemd-sysusers (addgroup
 # and adduser where systemd is absent), the state directory with
-# systemd-tmpfiles, and on a first install enables and starts
-# gpushared.socket; prerm stops and disables the units on removal; postrm
-# keeps /var/lib/gpushared, the tenants' data, even on purge.
+# systemd-tmpfiles, enables gpushared.socket with deb-systemd-helper (as
+# debhelper's dh_installsystemd does: also without a running systemd, and
+# under DPKG_ROOT) and on a first install under systemd starts it; prerm
+# stops the units on removal; postrm masks the socket on removal and undoes
+# its enablement on purge, and keeps /var/lib/gpushared, the tenants' data.
 
 # Installed files that belong to no module.
 install(FILES ${CMAKE_CURRENT_LIST_DIR}/../systemd/tmpfiles.d/gpushare.conf

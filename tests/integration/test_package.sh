@@ -17,7 +17,10 @@
 #   - the maintainer scripts: valid sh, the group creation as documented,
 #     and postinst run for real against the scratch root (DPKG_ROOT), where
 #     it must create groups gpushare and gpushare-admin, user gpushare and a
-#     private /var/lib/gpushared, and touch nothing outside that root.
+#     private /var/lib/gpushared, enable gpushared.socket there, and touch
+#     nothing outside that root; postrm purge there undoes the enablement;
+#   - the packaged gpushare.proto, man pages and bash completion, and the
+#     unpacked gpuctl encoding the shipped example with that proto.
 set -u
 . "$(dirname "$0")/lib.sh"
 
@@ -163,7 +166,7 @@ grep -q 'adduser --system --ingroup gpushare --home /var/lib/gpushared' "$P" \
 if command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/null; then
   mkdir -p "$ROOT/etc"
   host_group=$(md5sum /etc/group /etc/passwd)
-  if DPKG_ROOT=$ROOT sh "$P" configure "" >"$T/postinst.out" 2>&1; then
+  if DPKG_ROOT=$ROOT DPKG_MAINTSCRIPT_PACKAGE=gpushare DPKG_MAINTSCRIPT_NAME=postinst sh "$P" configure "" >"$T/postinst.out" 2>&1; then
     pass "postinst configure under DPKG_ROOT"
   else
     fail "postinst configure under DPKG_ROOT failed:"; sed 's/^/  | /' "$T/postinst.out"
@@ -181,9 +184,20 @@ if command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/n
     || fail "/var/lib/gpushared is '$st', want '700 $uid $gid'"
   [ "$(md5sum /etc/group /etc/passwd)" = "$host_group" ] && pass "the host's users and groups untouched" \
     || fail "postinst under DPKG_ROOT changed this machine's /etc/group or /etc/passwd"
-  DPKG_ROOT=$ROOT sh "$P" configure "" >"$T/postinst2.out" 2>&1 \
+  link=$ROOT/etc/systemd/system/sockets.target.wants/gpushared.socket
+  if command -v deb-systemd-helper >/dev/null; then
+    [ -L "$link" ] && pass "gpushared.socket enabled in the root: $(readlink "$link")" \
+      || fail "postinst did not enable gpushared.socket (no $link)"
+  fi
+  DPKG_ROOT=$ROOT DPKG_MAINTSCRIPT_PACKAGE=gpushare DPKG_MAINTSCRIPT_NAME=postinst sh "$P" configure "" >"$T/postinst2.out" 2>&1 \
     && [ "$(grep -c '^gpushare' "$ROOT/etc/group")" = 2 ] \
     && pass "postinst again (upgrade): no duplicate groups" || fail "second postinst: $(cat "$T/postinst2.out")"
+  if command -v deb-systemd-helper >/dev/null; then
+    DPKG_ROOT=$ROOT DPKG_MAINTSCRIPT_PACKAGE=gpushare DPKG_MAINTSCRIPT_NAME=postrm sh "$CTRL/postrm" purge >"$T/postrm.out" 2>&1 && pass "postrm purge under DPKG_ROOT" \
+      || fail "postrm purge: $(cat "$T/postrm.out")"
+    [ ! -e "$link" ] && [ ! -L "$link" ] && pass "purge removed the socket's enablement" \
+      || fail "$link is still there after purge"
+  fi
 else
   echo "note - systemd-sysusers/systemd-tmpfiles missing; postinst not run"
 fi
