@@ -45,7 +45,16 @@ install(FILES examples/README.md DESTINATION share/doc/gpushare/examples)
 install(FILES proto/gpushare.proto DESTINATION share/gpushare)
 install(FILES completion/gpuctl.bash DESTINATION share/bash-completion/completions RENAME gpuctl)
 
-set(GS_PACKAGE_MAINTAINER "gpushare maintainers <root@localhost>" CACHE STRING
+# The package's copyright file and, gzip'd (-n: the same bytes every
+# build), its changelog: a native package's, /usr/share/doc/gpushare/changelog.gz.
+install(FILES ${CMAKE_CURRENT_LIST_DIR}/debian/copyright DESTINATION share/doc/gpushare)
+add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/changelog.gz
+  COMMAND gzip -9nc ${CMAKE_CURRENT_LIST_DIR}/debian/changelog > ${CMAKE_BINARY_DIR}/changelog.gz
+  DEPENDS ${CMAKE_CURRENT_LIST_DIR}/debian/changelog)
+add_custom_target(gs_changelog ALL DEPENDS ${CMAKE_BINARY_DIR}/changelog.gz)
+install(FILES ${CMAKE_BINARY_DIR}/changelog.gz DESTINATION share/doc/gpushare)
+
+set(GS_PACKAGE_MAINTAINER "gpushare maintainers <maintainers@gpushare.example.org>" CACHE STRING
     "Maintainer: field of the Debian package (name <address>)")
 
 set(CPACK_GENERATOR DEB)
@@ -60,15 +69,17 @@ virtual devices and runs tenants' training jobs on them with weighted fair
 shares of device time, checkpointing so jobs survive restarts. gpuctl is
 its command-line client; gpushare-run runs one job without the daemon.")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
-set(CPACK_STRIP_FILES OFF)  # keep RelWithDebInfo's symbols for crash reports
+# The programs ship stripped; RelWithDebInfo's symbols go to
+# gpushare-dbgsym_<version>_<arch>.ddeb beside the package, by build id.
+set(CPACK_DEBIAN_DEBUGINFO_PACKAGE ON)
 
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # gpushare_0.1.0_amd64.deb
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${GS_PACKAGE_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# postinst creates the groups and user with one or the other.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "systemd | adduser")
+# postinst falls back to adduser where systemd-sysusers is absent.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
 # protobuf-compiler: protoc, which `gpuctl job encode` and `job show` run.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, protobuf-compiler")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA

@@ -144,8 +144,22 @@ done
 [[ "$(field Recommends)" == *protobuf-compiler* ]] && pass "Recommends: protobuf-compiler" \
   || fail "Recommends: $(field Recommends)"
 [[ "$DEPENDS" == *"libc6 (>= "* ]] && pass "versioned libc6 (dpkg-shlibdeps ran)" || fail "no versioned libc6: $DEPENDS"
-[[ "$DEPENDS" == *"systemd | adduser"* ]] && pass "Depends: systemd | adduser (postinst needs one)" \
-  || fail "Depends lacks systemd | adduser"
+[[ "$DEPENDS" == *"adduser"* ]] && pass "Depends: adduser (postinst's fallback)" \
+  || fail "Depends lacks adduser"
+
+# --- lintian: no errors -----------------------------------------------------
+if command -v lintian >/dev/null; then
+  lintian --no-tag-display-limit "$DEB" >"$T/lintian.out" 2>&1
+  errors=$(grep '^E: ' "$T/lintian.out")
+  [ -z "$errors" ] && pass "lintian: no errors" || fail "lintian errors:
+$errors"
+  grep '^W: ' "$T/lintian.out" | sed 's/^/note - lintian /'
+else
+  echo "skip - lintian is not installed; the package was not checked with it"
+fi
+ddeb=("$OUTD"/gpushare-dbgsym_*.ddeb)
+[ -f "${ddeb[0]}" ] && dpkg-deb -c "${ddeb[0]}" | grep -q '/usr/lib/debug/.build-id/' \
+  && pass "the symbols are in $(basename "${ddeb[0]}")" || fail "no gpushare-dbgsym .ddeb with build-id files"
 
 # --- maintainer scripts ---------------------------------------------------
 for s in postinst prerm postrm; do
