@@ -129,6 +129,21 @@ fi
 expect_ok "gpushare-executor --help" "$ROOT/usr/bin/gpushare-executor" --help
 expect_ok "gpushare-run --help" "$ROOT/usr/bin/gpushare-run" --help
 
+# --- the unpacked daemon runs a job ----------------------------------------
+# gpushared, its executor (found beside it) and gpuctl from the package's
+# tree, as lib.sh starts a daemon: the shipped example, encoded above by the
+# unpacked gpuctl, runs to the end.
+if [ "$(id -u)" -ne 0 ]; then
+  echo "skip - a job on the unpacked daemon: creating a tenant and a vdev needs root (admin)"
+elif [ -f "$T/enc.pb" ]; then
+  GPUSHARED=$ROOT/usr/bin/gpushared GPUCTL=$ROOT/usr/bin/gpuctl
+  start_daemon
+  expect_ok "tenant pkg" ctl tenant create pkg --uid "$(id -u)"
+  expect_ok "vdev pkg0" ctl vdev create pkg0 --memory 256MiB --compute 50 --tenant pkg
+  expect_ok "the example job runs to the end on the unpacked daemon" ctl submit "$T/enc.pb" --vdev pkg0 --watch
+  stop_daemon
+fi
+
 # --- control --------------------------------------------------------------
 field() { sed -n "s/^$1: //p" "$CTRL/control"; }
 [ "$(field Package)" = gpushare ] && pass "Package: gpushare" || fail "Package: $(field Package)"
@@ -158,7 +173,7 @@ else
   echo "skip - lintian is not installed; the package was not checked with it"
 fi
 ddeb=("$OUTD"/gpushare-dbgsym_*.ddeb)
-[ -f "${ddeb[0]}" ] && dpkg-deb -c "${ddeb[0]}" | grep -q '/usr/lib/debug/.build-id/' \
+[ -f "${ddeb[0]}" ] && dpkg-deb -c "${ddeb[0]}" | grep '/usr/lib/debug/.build-id/' >/dev/null \
   && pass "the symbols are in $(basename "${ddeb[0]}")" || fail "no gpushare-dbgsym .ddeb with build-id files"
 
 # --- maintainer scripts ---------------------------------------------------
