@@ -82,6 +82,18 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
 # protobuf-compiler: protoc, which `gpuctl job encode` and `job show` run.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, protobuf-compiler")
+# Suggests: where the CUDA plugin is in the package, Debian's packages of
+# the libraries it links (kernels/cuda: cudart and cublasLt), named as
+# Debian names them after the toolkit's sonames (libcudart.so.11.0 ->
+# libcudart11.0 in Debian 12 non-free, libcudart.so.12 -> libcudart12).
+if(TARGET gskernels_cuda)
+  find_package(CUDAToolkit REQUIRED)
+  set(gs_cudart libcudart${CUDAToolkit_VERSION_MAJOR})
+  if(CUDAToolkit_VERSION_MAJOR EQUAL 11)
+    set(gs_cudart libcudart11.0)
+  endif()
+  set(CPACK_DEBIAN_PACKAGE_SUGGESTS "${gs_cudart}, libcublaslt${CUDAToolkit_VERSION_MAJOR}")
+endif()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_CURRENT_LIST_DIR}/debian/postinst
     ${CMAKE_CURRENT_LIST_DIR}/debian/prerm

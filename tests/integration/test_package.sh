@@ -158,6 +158,11 @@ for lib in libc6 libuv1 libsqlite3-0 libprotobuf-c1 zlib1g libopenblas; do
 done
 [[ "$(field Recommends)" == *protobuf-compiler* ]] && pass "Recommends: protobuf-compiler" \
   || fail "Recommends: $(field Recommends)"
+if [ -f "$BUILD/kernels/cuda/libgskernels_cuda.so" ]; then
+  for lib in libcudart libcublaslt; do
+    [[ "$(field Suggests)" == *"$lib"* ]] && pass "Suggests names $lib" || fail "Suggests: $(field Suggests)"
+  done
+fi
 [[ "$DEPENDS" == *"libc6 (>= "* ]] && pass "versioned libc6 (dpkg-shlibdeps ran)" || fail "no versioned libc6: $DEPENDS"
 [[ "$DEPENDS" == *"adduser"* ]] && pass "Depends: adduser (postinst's fallback)" \
   || fail "Depends lacks adduser"
