@@ -444,6 +444,18 @@ int gpuctl_cmd_submit(gpuctl_cli *x, gpuctl_parsed *p) {
     free(spec->vdev);
     spec->vdev = v;
   }
+  /* Under Slurm the SPANK plugin names the step's vdev in $GPUSHARE_VDEV:
+   * it is used when neither the spec nor --vdev names one. */
+  const char *env_vdev = getenv("GPUSHARE_VDEV");
+  if ((!spec->vdev || !*spec->vdev) && env_vdev && *env_vdev) {
+    char *v = strdup(env_vdev);
+    if (!v) {
+      rc = cli_fail("out of memory");
+      goto out;
+    }
+    free(spec->vdev);
+    spec->vdev = v;
+  }
   if (p->nval[2]) {
     spec->has_priority = 1;
     spec->priority = priority;

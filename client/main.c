@@ -70,7 +70,7 @@ static const gpuctl_flag plan_flags[] = {
     {0}};
 static const gpuctl_flag submit_flags[] = {
     {"--watch", NULL, NULL, 0, 0, "follow the job until it ends (as gpuctl watch)"},
-    {"--vdev", NULL, "V", 0, 0, "run it on this vdev (instead of the spec's vdev)"},
+    {"--vdev", NULL, "V", 0, 0, "run it on this vdev (instead of the spec's vdev; default $GPUSHARE_VDEV)"},
     {"--priority", NULL, "N", 0, 0, "its priority, -2147483648 to 2147483647 (instead of the spec's)"},
     {0}};
 static const gpuctl_flag job_encode_flags[] = {
@@ -142,7 +142,9 @@ static const gpuctl_command commands[] = {
      "refused with its plan; when the job names its vdev (or --vdev does) and\n"
      "has files to upload, that is checked against the vdev's plan first, so a\n"
      "job that cannot fit uploads nothing (unless it sets auto_fit).\n"
-     "--vdev and --priority take the place of the spec's vdev and priority.\n"},
+     "--vdev and --priority take the place of the spec's vdev and priority.\n"
+     "When neither the spec nor --vdev names a vdev, $GPUSHARE_VDEV does (set in\n"
+     "a Slurm step by gpushare's SPANK plugin, with $GPUSHARE_SOCKET).\n"},
     {"status", "ID", 1, 1, "show a job: state, progress, epochs, an out-of-memory report", no_flags, gpuctl_cmd_status, NULL},
     {"list", "", 0, 0, "list your tenant's jobs, finished ones included (--all: every tenant's, admin)",
      list_flags, gpuctl_cmd_list,
