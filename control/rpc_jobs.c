@@ -444,8 +444,18 @@ int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       j->rec->id, gs_job_state_name(j->rec->state));
   if (gs_job_final(j->rec->state))
     return store_behind(e, j, "has ended", d->jobs->store_error);
-  char who[96];
-  snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
+  const char *why = rq->cancel->reason;
+  if (why && *why && !c->id.admin)
+    return gs_err_set(e, GS_PERMISSION_DENIED, "reason", "a cancel's reason is for admins; uid %" PRIu32 " is not one",
+                      c->peer->uid);
+  char who[256];
+  if (why && *why && strlen(why) <= 160)
+    snprintf(who, sizeof who, "cancelled by uid %" PRIu32 ": %s", c->peer->uid, why);
+  else if (why && *why)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "reason", "a cancel's reason has %zu bytes; at most 160 are allowed",
+                      strlen(why));
+  else
+    snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
   gs_exec_events_cancel(d, j, who);
   /* A cancel answered is a cancel kept: not before it is on disk. */
   if (j->unsaved) return store_behind(e, j, "is being cancelled", d->jobs->store_error);
