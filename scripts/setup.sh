@@ -10,8 +10,8 @@ shift || true
 
 PKGS=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
       clang dataset-fashion-mnist dpkg-dev libclang-rt-14-dev libcriterion-dev libopenblas-dev
-      libsqlite3-dev lintian procps protobuf-compiler python3 python3-numpy python3-protobuf rsync
-      sqlite3 systemd util-linux zlib1g-dev)
+      libslurm-dev libsqlite3-dev lintian procps protobuf-compiler python3 python3-numpy
+      python3-protobuf rsync sqlite3 systemd util-linux zlib1g-dev)
 # Callers add packages of their own that gpushare can do without:
 # scripts/test.sh adds python3-torch, the PyTorch that test_torch_parity
 # checks the cpu backend's training against. One that cannot be installed

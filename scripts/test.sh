@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 JOBS=$(nproc)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-SAME='integration_test_(torch_parity|shares|package|systemd|socket_activation|limits|garbage|executor_crash|diskfull|jobflood|floods)'
+SAME='integration_test_(torch_parity|shares|package|systemd|socket_activation|limits|garbage|executor_crash|diskfull|jobflood|floods|slurm)'
 
 echo "== build (gcc, RelWithDebInfo)"
 # python3-torch: the peer test_torch_parity trains the examples against
