@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 #include "client/cli.h"
@@ -59,6 +60,41 @@ int gpuctl_cmd_devices(gpuctl_cli *x, gpuctl_parsed *p) {
   (void)p;
   GPUCTL_REQ(req, list_devices, LIST_DEVICES, Gpushare__V1__ListDevicesRequest, GPUSHARE__V1__LIST_DEVICES_REQUEST__INIT);
   return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_LIST_DEVICES, devices_human);
+}
+
+/* ------------------------------------------------------------ slurm-gres --- */
+
+/* Slurm's view of this node, from the daemon's device table: one shard is
+ * slurm_unit bytes of a device's usable memory. Slurm 22.05 attaches shards
+ * to a gres/gpu with a File; the cpu device has none, so /dev/null stands in. */
+static uint64_t slurm_unit = 1ull << 30;
+
+static void slurm_gres_human(gpuctl_cli *x, const Gpushare__V1__Response *r) {
+  (void)x;
+  const Gpushare__V1__ListDevicesResponse *l = r->list_devices;
+  uint64_t gpus = 0, shards = 0;
+  printf("# gres.conf (one shard = %s of usable memory)\n", table_fsize(slurm_unit));
+  for (size_t i = 0; i < l->n_device; i++) {
+    const Gpushare__V1__Device *d = l->device[i];
+    if (!d->name) continue;
+    uint64_t n = d->usable_bytes / slurm_unit;
+    char file[64];
+    if (!strncmp(d->name, "gpu", 3)) snprintf(file, sizeof file, "/dev/nvidia%s", d->name + 3);
+    else snprintf(file, sizeof file, "/dev/null");
+    printf("Name=gpu File=%s%s\n", file, strncmp(d->name, "gpu", 3) ? "  # gpushare's cpu device" : "");
+    printf("Name=shard Count=%" PRIu64 " File=%s\n", n, file);
+    gpus++;
+    shards += n;
+  }
+  printf("# slurm.conf: GresTypes=gpu,shard and on this node's NodeName line\n");
+  printf("Gres=gpu:%" PRIu64 ",shard:%" PRIu64 "\n", gpus, shards);
+}
+
+int gpuctl_cmd_slurm_gres(gpuctl_cli *x, gpuctl_parsed *p) {
+  if (p->nval[0] && cli_parse_size(x, "--unit", p->val[0][0], &slurm_unit)) return GPUCTL_EXIT_USAGE;
+  if (!slurm_unit) return cli_usage_error(x, "--unit: 0 is not a shard size; expected a size above 0 such as 1GiB");
+  GPUCTL_REQ(req, list_devices, LIST_DEVICES, Gpushare__V1__ListDevicesRequest, GPUSHARE__V1__LIST_DEVICES_REQUEST__INIT);
+  return cli_simple(x, &req, GPUSHARE__V1__RESPONSE__RESULT_LIST_DEVICES, slurm_gres_human);
 }
 
 /* ------------------------------------------------------------------ vdev --- */

@@ -7,7 +7,7 @@
 
 #include "client/gpuctl.h"
 
-gpuctl_cmd_fn gpuctl_cmd_devices, gpuctl_cmd_vdev_create, gpuctl_cmd_vdev_list, gpuctl_cmd_vdev_delete,
+gpuctl_cmd_fn gpuctl_cmd_devices, gpuctl_cmd_slurm_gres, gpuctl_cmd_vdev_create, gpuctl_cmd_vdev_list, gpuctl_cmd_vdev_delete,
     gpuctl_cmd_vdev_set,
     gpuctl_cmd_tenant_create, gpuctl_cmd_tenant_list, gpuctl_cmd_tenant_delete, gpuctl_cmd_quota_set,
     gpuctl_cmd_quota_show, gpuctl_cmd_metrics, gpuctl_cmd_version;

@@ -30,6 +30,8 @@
 /* --------------------------------------------------------- command table --- */
 
 static const gpuctl_flag no_flags[] = {{0}};
+static const gpuctl_flag slurm_gres_flags[] = {
+    {"--unit", NULL, "SIZE", 0, 0, "usable memory per shard (default 1GiB)"}, {0}};
 
 static const gpuctl_flag vdev_create_flags[] = {
     {"--device", NULL, "D", 0, 0, "physical device: cpu, gpu0, ... (default cpu)"},
@@ -89,6 +91,10 @@ static const gpuctl_flag usage_flags[] = {
 
 static const gpuctl_command commands[] = {
     {"devices", "", 0, 0, "list physical devices, their memory and what is allocated", no_flags, gpuctl_cmd_devices, NULL},
+    {"slurm-gres", "", 0, 0, "this node's gres.conf lines and slurm.conf Gres= for gres/shard", slurm_gres_flags,
+     gpuctl_cmd_slurm_gres,
+     "One shard is --unit of a device's usable memory (gpuctl devices). Users ask\n"
+     "for --gres=shard:N with N = ceil(--gpushare-mem / unit); see docs/slurm.md.\n"},
     {"vdev create", "NAME", 1, 1, "create a virtual device (admin)", vdev_create_flags, gpuctl_cmd_vdev_create, NULL},
     {"vdev list", "", 0, 0, "list virtual devices", no_flags, gpuctl_cmd_vdev_list, NULL},
     {"vdev delete", "NAME", 1, 1, "delete a virtual device (admin)", no_flags, gpuctl_cmd_vdev_delete, NULL},

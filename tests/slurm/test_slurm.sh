@@ -48,7 +48,14 @@ s=[socket.socket() for _ in range(2)]
 [x.bind(("127.0.0.1",0)) for x in s]; print(*[x.getsockname()[1] for x in s])')
 
 dd if=/dev/urandom of="$S/munge.key" bs=1024 count=1 2>/dev/null; chmod 600 "$S/munge.key"
-SHARDS=8      # the node's shards; one shard = 256 MiB (plugstack unit=256MiB)
+# the node's gres, from the daemon's device table: one shard = 256 MiB
+# (plugstack.conf unit=256MiB)
+start_daemon
+ctl slurm-gres --unit 256MiB >"$S/gres.out" || { fail "gpuctl slurm-gres"; exit 1; }
+grep '^Name=' "$S/gres.out" >"$S/gres.conf"
+GRES=$(sed -n 's/^Gres=//p' "$S/gres.out"); SHARDS=${GRES##*shard:}
+if grep -q "^Name=shard Count=$SHARDS File=/dev/null" "$S/gres.conf" && [ "$SHARDS" -ge 4 ]; then
+  pass "gpuctl slurm-gres: $GRES"; else fail "gpuctl slurm-gres: $(cat "$S/gres.out")"; exit 1; fi
 cat >"$S/slurm.conf" <<CONF
 ClusterName=gstest
 SlurmctldHost=localhost
@@ -78,19 +85,15 @@ MpiDefault=none
 ReturnToService=2
 PlugStackConfig=$S/plugstack.conf
 Epilog=/bin/true
-NodeName=localhost CPUs=2 Gres=gpu:1,shard:$SHARDS State=UNKNOWN
+NodeName=localhost CPUs=2 Gres=$GRES State=UNKNOWN
 PartitionName=p Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
-# Slurm 22.05 attaches shards to a gres/gpu with a File; this CPU node
-# has none, so /dev/null stands in (gpushare's own device is "cpu").
-printf 'AutoDetect=off\nName=gpu File=/dev/null\nName=shard Count=%s File=/dev/null\n' "$SHARDS" >"$S/gres.conf"
 echo "required $SPANK_SO socket=$SOCK unit=256MiB" >"$S/plugstack.conf"
 export SLURM_CONF=$S/slurm.conf
 
 munged --force -F --socket="$S/run/munge.sock" --key-file="$S/munge.key" --log-file="$S/log/munged.log" \
   --pid-file="$S/run/munged.pid" --seed-file="$S/run/munged.seed" >>"$S/log/munged.out" 2>&1 &
 SPIDS+=($!)
-start_daemon
 expect_ok "tenant a" ctl tenant create a --uid "$UA"
 expect_ok "tenant b" ctl tenant create b --uid "$UB"
 slurmctld -D -i >>"$S/log/slurmctld.out" 2>&1 & SPIDS+=($!)
