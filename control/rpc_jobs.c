@@ -436,14 +436,6 @@ static int store_behind(gs_err *e, const gs_job *j, const char *what, const char
 }
 
 int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
-  gs_job *j = NULL;
-  if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return gs_err_rc(e);
-  gs_daemon *d = c->d;
-  if (gs_job_final(gs_job_told_state(j)))
-    return gs_err_set(e, GS_FAILED_PRECONDITION, "id", "job %" PRIu64 " has already ended (%s)",
-                      j->rec->id, gs_job_state_name(j->rec->state));
-  if (gs_job_final(j->rec->state))
-    return store_behind(e, j, "has ended", d->jobs->store_error);
   const char *why = rq->cancel->reason;
   if (why && *why && !c->id.admin)
     return gs_err_set(e, GS_PERMISSION_DENIED, "reason", "a cancel's reason is for admins; uid %" PRIu32 " is not one",
@@ -456,6 +448,14 @@ int gs_rpc_cancel(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       strlen(why));
   else
     snprintf(who, sizeof who, "cancelled by uid %" PRIu32, c->peer->uid);
+  gs_job *j = NULL;
+  if (visible_job(c, rq->cancel->id, rq->cancel->has_id, &j, e) < 0) return gs_err_rc(e);
+  gs_daemon *d = c->d;
+  if (gs_job_final(gs_job_told_state(j)))
+    return gs_err_set(e, GS_FAILED_PRECONDITION, "id", "job %" PRIu64 " has already ended (%s)",
+                      j->rec->id, gs_job_state_name(j->rec->state));
+  if (gs_job_final(j->rec->state))
+    return store_behind(e, j, "has ended", d->jobs->store_error);
   gs_exec_events_cancel(d, j, who);
   /* A cancel answered is a cancel kept: not before it is on disk. */
   if (j->unsaved) return store_behind(e, j, "is being cancelled", d->jobs->store_error);

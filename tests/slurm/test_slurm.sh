@@ -96,6 +96,14 @@ munged --force -F --socket="$S/run/munge.sock" --key-file="$S/munge.key" --log-f
 SPIDS+=($!)
 expect_ok "tenant a" ctl tenant create a --uid "$UA"
 expect_ok "tenant b" ctl tenant create b --uid "$UB"
+# the reason the plugin gives a cancel is an admin's alone, and short
+out=$($PY "$HERE/../integration/rawframe.py" "$SOCK" --as-uid "$UA" --text 'id: 1 cancel { id: 1 reason: "x" }')
+grep -q 'code=PERMISSION_DENIED field=cancel.reason' <<<"$out" && pass "a member's cancel with a reason is refused" \
+  || fail "member's cancel with a reason: $out"
+long=$(printf 'r%.0s' $(seq 1 161))
+out=$($PY "$HERE/../integration/rawframe.py" "$SOCK" --text "id: 1 cancel { id: 1 reason: \"$long\" }")
+grep -q 'code=INVALID_ARGUMENT field=cancel.reason.*161 bytes' <<<"$out" && pass "a cancel's reason of 161 bytes is refused" \
+  || fail "long cancel reason: $out"
 slurmctld -D -i >>"$S/log/slurmctld.out" 2>&1 & SPIDS+=($!)
 slurmd -D >>"$S/log/slurmd.out" 2>&1 & SPIDS+=($!)
 
