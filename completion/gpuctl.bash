@@ -51,11 +51,11 @@ _gpuctl() {
 
   local groups="vdev tenant quota dataset job"
   local commands="devices vdev tenant quota dataset job plan submit status list watch
-    cancel logs fetch memory usage metrics version help"
+    cancel logs fetch memory usage slurm-gres metrics version help"
   local globals="--socket --json --help"
   # Value-taking flags of every command (and the global --socket).
   local valued=" --socket --device --memory --compute --policy --tenant --uid --gid
-    --max-running --max-queued --vdev --priority --output -o --since "
+    --max-running --max-queued --vdev --priority --output -o --since --unit "
 
   # Walk the words before the cursor: global options, the command, its
   # positional arguments.
@@ -131,6 +131,7 @@ _gpuctl() {
   list) flags="--all" ;;
   fetch) flags="-o --output --checkpoint" ;;
   usage) flags="--tenant --since" ;;
+  slurm-gres) flags="--unit" ;;
   esac
   if [[ "$cur" == -* ]]; then
     COMPREPLY=($(compgen -W "$flags $globals" -- "$cur"))
