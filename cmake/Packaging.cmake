@@ -78,10 +78,12 @@ set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${GS_PACKAGE_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# postinst falls back to adduser where systemd-sysusers is absent.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
-# protobuf-compiler: protoc, which `gpuctl job encode` and `job show` run.
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, protobuf-compiler")
+# postinst falls back to adduser where systemd-sysusers is absent; the
+# Python client (/usr/lib/python3/dist-packages/gpushare) needs a python3.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, python3:any")
+# protobuf-compiler: protoc, which `gpuctl job encode` and `job show` run;
+# python3-protobuf: the Python client's one library.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, protobuf-compiler, python3-protobuf")
 # Suggests: where the CUDA plugin is in the package, Debian's packages of
 # the libraries it links (kernels/cuda: cudart and cublasLt), named as
 # Debian names them after the toolkit's sonames (libcudart.so.11.0 ->

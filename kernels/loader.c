@@ -26,7 +26,7 @@
 #define GS_CUDA_PLUGIN_NAME "libgskernels_cuda.so"
 
 #ifndef GS_INSTALL_LIBDIR
-#define GS_INSTALL_LIBDIR "/usr/local/lib"
+#define GS_INSTALL_LIBDIR "/usr/local/lib/gpushare"
 #endif
 
 static pthread_mutex_t loader_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -123,13 +123,14 @@ gs_backend *gs_backend_cuda_load(char *why, size_t why_len) {
     goto done;
   }
 
-  char dir[PATH_MAX], cand[5][PATH_MAX + 64];
+  char dir[PATH_MAX], cand[6][PATH_MAX + 64];
   int nc = 0;
   if (exe_dir(dir, sizeof dir)) {
     snprintf(cand[nc++], sizeof cand[0], "%s/%s", dir, GS_CUDA_PLUGIN_NAME);
     snprintf(cand[nc++], sizeof cand[0], "%s/kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
     snprintf(cand[nc++], sizeof cand[0], "%s/../kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
     snprintf(cand[nc++], sizeof cand[0], "%s/../../kernels/cuda/%s", dir, GS_CUDA_PLUGIN_NAME);
+    snprintf(cand[nc++], sizeof cand[0], "%s/../lib/gpushare/%s", dir, GS_CUDA_PLUGIN_NAME);
   }
   snprintf(cand[nc++], sizeof cand[0], "%s/%s", GS_INSTALL_LIBDIR, GS_CUDA_PLUGIN_NAME);
   for (int i = 0; i < nc; i++)
@@ -147,7 +148,7 @@ gs_backend *gs_backend_cuda_load(char *why, size_t why_len) {
     goto done;
   }
   if (why && why_len) {
-    char looked[5 * (PATH_MAX + 64) + 64] = "";
+    char looked[6 * (PATH_MAX + 64) + 64] = "";
     size_t at = 0;
     for (int i = 0; i < nc && at < sizeof looked; i++)
       at += (size_t)snprintf(looked + at, sizeof looked - at, "%s%s", i ? ", " : "", cand[i]);

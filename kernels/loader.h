@@ -14,8 +14,10 @@
  *   3. its kernels/cuda, ../kernels/cuda and ../../kernels/cuda (the build
  *      tree: build/bin/gpushared, gpushare-run and the tests reach
  *      build/kernels/cuda/libgskernels_cuda.so);
- *   4. the install library directory (GS_INSTALL_LIBDIR, e.g.
- *      /usr/local/lib);
+ *   4. its ../lib/gpushare (an installed tree: /usr/bin/gpushared reaches
+ *      /usr/lib/gpushare/libgskernels_cuda.so, whatever the prefix it was
+ *      configured with), then the configured one (GS_INSTALL_LIBDIR, the
+ *      install library directory's gpushare/, e.g. /usr/local/lib/gpushare);
  *   5. the plain name, through the dynamic linker's own search.
  * The plugin is opened once per process and stays loaded (the CUDA runtime
  * does not support being unloaded while contexts exist); later calls return

@@ -79,8 +79,9 @@ if [ -f "$BUILD/examples/synthetic-small.pb" ]; then
   want 644 /usr/share/doc/gpushare/examples/synthetic-small.pb
 fi
 if [ -f "$BUILD/kernels/cuda/libgskernels_cuda.so" ]; then
-  plugin=$(cd "$ROOT" && find usr/lib -name libgskernels_cuda.so | head -1)
-  [ -n "$plugin" ] && want 644 "/$plugin" || fail "the CUDA plugin was built but is not in the package"
+  # A plugin, not a library to link: in gpushare's own directory, where
+  # loader.c looks beside the installed programs (../lib/gpushare).
+  want 644 /usr/lib/gpushare/libgskernels_cuda.so
 else
   echo "note - the CUDA plugin is not built here; not expected in the package"
 fi
@@ -158,6 +159,10 @@ for lib in libc6 libuv1 libsqlite3-0 libprotobuf-c1 zlib1g libopenblas; do
 done
 [[ "$(field Recommends)" == *protobuf-compiler* ]] && pass "Recommends: protobuf-compiler" \
   || fail "Recommends: $(field Recommends)"
+[[ "$(field Recommends)" == *python3-protobuf* ]] && pass "Recommends: python3-protobuf" \
+  || fail "Recommends: $(field Recommends)"
+[[ "$DEPENDS" == *"python3:any"* ]] && pass "Depends: python3:any (the Python client)" \
+  || fail "Depends lacks python3:any: $DEPENDS"
 if [ -f "$BUILD/kernels/cuda/libgskernels_cuda.so" ]; then
   for lib in libcudart libcublaslt; do
     [[ "$(field Suggests)" == *"$lib"* ]] && pass "Suggests names $lib" || fail "Suggests: $(field Suggests)"
