@@ -24,8 +24,11 @@
  *
  * plugstack.conf arguments: socket=PATH (default /run/gpushared.sock),
  * unit=SIZE (default 1GiB), compute=N (the compute share of a step without
- * --gpushare-compute, default 10 percent). A failure to reach the daemon fails the step
- * with a message saying so; the node is never drained by this plugin.
+ * --gpushare-compute, default 10 percent). A step whose vdev cannot be set
+ * up (the daemon unreachable, no tenant for the uid, too few shards, a
+ * refusal) fails: each of its tasks prints the reason on the user's stderr
+ * and exits before it runs anything (slurm_spank_task_init). The node is
+ * never drained by this plugin.
  */
 #include <errno.h>
 #include <grp.h>
@@ -61,7 +64,22 @@ static struct {
   uint64_t unit;    /* bytes per shard */
   uint32_t compute_default; /* plugstack.conf compute=, for steps without --gpushare-compute */
   char vdev[64];    /* the vdev this step made or reused; "" when none */
+  bool failed;      /* the step's vdev could not be set up: its tasks fail */
+  char why[512];    /* the first error of the step's setup, for the user */
 } gsp = {.unit = GSP_DEFAULT_UNIT, .compute_default = GSP_DEFAULT_COMPUTE};
+
+/* An error of the step's setup: into slurmd's log, and kept for the
+ * step's tasks, which say it on the user's stderr (slurm_spank_task_init). */
+static void gsp_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void gsp_error(const char *fmt, ...) {
+  char msg[sizeof gsp.why];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  slurm_error("%s", msg);
+  if (!gsp.why[0]) snprintf(gsp.why, sizeof gsp.why, "%s", msg);
+}
 
 static int opt_mem(int val, const char *arg, int remote) {
   (void)val, (void)remote;
@@ -174,7 +192,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
 static int gsp_connect(gs_client **c) {
   gs_err e = {0};
   if (gs_client_connect(gsp.socket[0] ? gsp.socket : NULL, c, &e) < 0) {
-    slurm_error("gpushare: cannot reach gpushared on this node: %s", e.msg);
+    gsp_error("gpushare: cannot reach gpushared on this node: %s", e.msg);
     return -1;
   }
   return 0;
@@ -187,7 +205,7 @@ static int gsp_call(gs_client *c, Gpushare__V1__Request *rq, Gpushare__V1__Respo
   int rc = gs_client_call(c, rq, r, &e);
   if (code) *code = rc ? e.code : 0;
   if (rc && !quiet)
-    slurm_error("gpushare: %s%s%s%s", e.msg, e.field[0] ? " (field " : "", e.field[0] ? e.field : "", e.field[0] ? ")" : "");
+    gsp_error("gpushare: %s%s%s%s", e.msg, e.field[0] ? " (field " : "", e.field[0] ? e.field : "", e.field[0] ? ")" : "");
   return rc;
 }
 
@@ -218,7 +236,7 @@ static int find_tenant(gs_client *c, uid_t uid, gid_t gid, char *out, size_t len
       rc = 0;
     }
   }
-  if (rc) slurm_error("gpushare: uid %u belongs to no gpushare tenant; an admin adds it with "
+  if (rc) gsp_error("gpushare: uid %u belongs to no gpushare tenant; an admin adds it with "
                       "gpuctl tenant create NAME --uid %u (or tenant set)", (unsigned)uid, (unsigned)uid);
 out:
   gs_client_free_response(r);
@@ -260,7 +278,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
       spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
       spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
-    slurm_error("gpushare: cannot read the step's job id, step id, uid and gid");
+    gsp_error("gpushare: cannot read the step's job id, step id, uid and gid");
     return -1;
   }
   if (step == SLURM_EXTERN_CONT) return 0;
@@ -271,12 +289,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   else if (shards * gsp.unit < mem) {
     char want[32], have[32], unit[32];
     uint64_t need = (mem + gsp.unit - 1) / gsp.unit;
-    slurm_error("gpushare: --gpushare-mem=%s needs %" PRIu64 " shard%s of %s, but the step has %" PRIu64
+    gsp_error("gpushare: --gpushare-mem=%s needs %" PRIu64 " shard%s of %s, but the step has %" PRIu64
                 " (%s): ask for --gres=shard:%" PRIu64,
                 gs_size_format(mem, want, sizeof want), need, need == 1 ? "" : "s",
                 gs_size_format(gsp.unit, unit, sizeof unit), shards, gs_size_format(shards * gsp.unit, have, sizeof have),
                 need);
-    return -1;
+    gsp.failed = true; /* said to the user by slurm_spank_task_init */
+    return 0;
   }
   char name[64], tenant[128];
   step_name(job, step, name, sizeof name);
@@ -311,7 +330,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
                 v->compute_share == cv.compute_share && (!gsp.policy || (int)v->policy == gsp.policy);
     if (!same) {
       char have[32], want[32];
-      slurm_error("gpushare: vdev %s already exists with other settings (tenant %s, %s) than this step asks "
+      gsp_error("gpushare: vdev %s already exists with other settings (tenant %s, %s) than this step asks "
                   "(tenant %s, %s); remove it with gpuctl vdev delete %s",
                   name, v->tenant ? v->tenant : "?", gs_size_format(v->memory_limit, have, sizeof have), tenant,
                   gs_size_format(mem, want, sizeof want), name);
@@ -321,7 +340,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   const char *sock = gs_client_socket_path(c);
   if (spank_setenv(sp, "GPUSHARE_SOCKET", sock, 1) != ESPANK_SUCCESS ||
       spank_setenv(sp, "GPUSHARE_VDEV", name, 1) != ESPANK_SUCCESS) {
-    slurm_error("gpushare: cannot set GPUSHARE_SOCKET and GPUSHARE_VDEV in the step's environment");
+    gsp_error("gpushare: cannot set GPUSHARE_SOCKET and GPUSHARE_VDEV in the step's environment");
     goto out;
   }
   snprintf(gsp.vdev, sizeof gsp.vdev, "%s", name);
@@ -331,7 +350,22 @@ out:
   gs_client_free_response(lr);
   gs_client_free_response(r);
   if (c) gs_client_close(c);
-  return rc;
+  /* A failure here would reach the user only as srun's "Plugin
+   * initialization failed"; the step's tasks fail instead, before they run
+   * anything, saying why on their stderr (slurm_spank_task_init). */
+  if (rc) gsp.failed = true;
+  return 0;
+}
+
+/* In each task of the step, after its stdio is the user's and before it
+ * runs anything: a step whose vdev could not be set up ends here, with the
+ * reason where the user sees it. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av) {
+  (void)ac, (void)av;
+  if (!spank_remote(sp) || !gsp.failed) return 0;
+  fprintf(stderr, "%s\n", gsp.why[0] ? gsp.why : "gpushare: the step's vdev could not be set up (slurmd's log says why)");
+  fflush(stderr);
+  return -1;
 }
 
 static bool job_final(int s) {

@@ -159,10 +159,20 @@ if [ $rc -ne 0 ] && grep -q -- '--gpushare-mem' <<<"$out" && grep -q '12parsecs'
   pass "srun refuses --gpushare-mem=12parsecs naming the option"
 else fail "bad --gpushare-mem (rc $rc): $out"; fi
 out=$(as "$UA" srun --gres=shard:1 --gpushare-mem=1GiB echo STARTED 2>&1); rc=$?
-# slurmstepd's words go to slurmd's log; srun says the launch failed
-if ! grep -q STARTED <<<"$out" && grep -q 'launch failed' <<<"$out" &&
-   grep -q 'needs 4 shards of 256.00 MiB.*--gres=shard:4' "$S/log/slurmd.log"; then pass "a step whose shards do not cover --gpushare-mem fails, saying how many it needs"
+# the step's task says why on the user's stderr, and runs nothing
+if [ $rc -ne 0 ] && ! grep -q STARTED <<<"$out" && grep -q 'needs 4 shards of 256.00 MiB.*--gres=shard:4' <<<"$out" &&
+   grep -q 'needs 4 shards of 256.00 MiB.*--gres=shard:4' "$S/log/slurmd.log"; then pass "a step whose shards do not cover --gpushare-mem fails, telling the user how many it needs"
 else fail "shards below --gpushare-mem (rc $rc): $out"; fi
+# the daemon out of reach: the step fails saying so; the node stays up
+echo "required $SPANK_SO socket=$T/nowhere.sock unit=256MiB" >"$S/plugstack.conf"
+out=$(as "$UA" srun --gres=shard:1 --gpushare-mem=256MiB echo STARTED 2>&1); rc=$?
+echo "required $SPANK_SO socket=$SOCK unit=256MiB" >"$S/plugstack.conf"
+echo "$out" | sed "s/^/  | /"
+if [ $rc -ne 0 ] && ! grep -q STARTED <<<"$out" && grep -q "cannot reach gpushared on this node.*nowhere.sock" <<<"$out"; then
+  pass "with gpushared out of reach, the step fails telling the user so"
+else fail "daemon out of reach (rc $rc): $out"; fi
+wait_for "the node is still up after a step that could not reach gpushared" node_idle \
+  && pass "the node is not drained: $(sinfo -h -n localhost -o %t)"
 
 # --- two tenants' steps at once; one job over its vdev is refused -----------
 as "$UA" srun --gres=shard:1 --gpushare-mem=256MiB "$GPUCTL" submit "$T/quick.pb" --watch >"$T/a.out" 2>&1 & PA=$!
