@@ -85,6 +85,11 @@ if [ -f "$BUILD/kernels/cuda/libgskernels_cuda.so" ]; then
 else
   echo "note - the CUDA plugin is not built here; not expected in the package"
 fi
+if [ -f "$BUILD/lib/gpushare_spank.so" ]; then
+  want 644 /usr/lib/gpushare/gpushare_spank.so   # plugstack.conf names this path
+else
+  echo "note - the Slurm plugin is not built here (no slurm/spank.h); not expected in the package"
+fi
 # The shipped units are the source tree's, word for word, and name the
 # binary where the package puts it.
 SRC=${GS_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
