@@ -38,7 +38,8 @@ lists() {
 import json, sys
 d = json.load(sys.stdin)
 for v in d.get('vdev', []):
-    for k in ('memory_in_use', 'memory_reserved', 'memory_peak'): v.pop(k, None)
+    for k in ('memory_in_use', 'memory_reserved', 'memory_peak', 'memory_free',
+              'memory_largest_free', 'memory_fragmentation'): v.pop(k, None)
 print(json.dumps(d, sort_keys=True))"
   at "$1" 0 --json quota show a; at "$1" 0 --json quota show b
   at "$1" 4001 --json dataset list; at "$1" 4002 --json dataset list; }
