@@ -241,6 +241,18 @@ struct gs_backend {
    * caller runs fn(ctx, 0, n). */
   void (*host_parallel)(gs_exec *ex, size_t n, size_t grain,
                         void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx);
+
+  /* ==== normalisation and element-wise ops of residual networks and
+   *      transformers (cpu/cpu_norm.c, cuda/cuda_norm.cu) ==== */
+
+  /* ---- residual sums over `count` elements of dt, fp32 math, one
+   *      rounding per result; bit for bit the same on every backend.
+   * add_forward: out = a + b; out may alias a or b (or both).
+   * accumulate: dst += src; src is dst itself (doubling it) or does not
+   * overlap it. ---- */
+  int (*add_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
+                     size_t count);
+  int (*accumulate)(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
 };
 
 /* The CPU backend: always available. */

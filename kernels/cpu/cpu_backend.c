@@ -609,6 +609,9 @@ static gs_backend cpu_backend = {
     .adam_step = gs_cpu_adam_step,
     .host_memory = true,
     .host_parallel = gs_cpu_parallel,
+    /* normalisation and element-wise ops (cpu_norm.c) */
+    .add_forward = gs_cpu_add_forward,
+    .accumulate = gs_cpu_accumulate,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

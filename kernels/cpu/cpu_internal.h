@@ -234,4 +234,10 @@ int gs_cpu_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      bool decoupled, uint64_t t, const int32_t *skip);
 
+/* Normalisation and element-wise ops of residual networks and transformers
+ * (cpu_norm.c). */
+int gs_cpu_add_forward(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
+                       size_t count);
+int gs_cpu_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
+
 #endif

@@ -1,7 +1,7 @@
 /*
  * cuda_backend.cu: the `cuda` device of gpushare: opening the plugin,
  * memory, execs, copies, and the table that ties the ops (cuda_gemm.cu,
- * cuda_ops.cu) to the contract in backend.h.
+ * cuda_ops.cu, cuda_norm.cu) to the contract in backend.h.
  *
  * Opening. gs_cuda_backend_open asks the runtime for the device count; no
  * driver (cudaErrorInsufficientDriver, cudaErrorNoDevice, a stub libcuda)
@@ -275,6 +275,9 @@ static gs_backend cuda_backend = {
     /* .adam_step = */ gs_cuda_adam_step,
     /* .host_memory = */ false, /* device memory: the runtime stages batches through copy_in */
     /* .host_parallel = */ NULL, /* no host threads of its own: the gather runs on the caller's */
+    /* normalisation and element-wise ops (cuda_norm.cu) */
+    /* .add_forward = */ gs_cuda_add_forward,
+    /* .accumulate = */ gs_cuda_accumulate,
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {

@@ -139,6 +139,11 @@ int gs_cuda_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_
                       float lr, float beta1, float beta2, float eps, float weight_decay,
                       bool decoupled, uint64_t t, const int32_t *skip);
 
+/* ---- normalisation and element-wise ops (cuda_norm.cu) ---- */
+int gs_cuda_add_forward(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
+                        size_t count);
+int gs_cuda_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
+
 /* Used by cuda_gemm.cu for conv2d: im2col of images [n0, n0+nc) of in (dt)
  * into col (rows, KH*KW*C) of dt; col2im gathers dcol (f32) onto din (dt). */
 int gs_cuda_im2col(gs_exec *ex, gs_dtype dt, const gs_conv_shape *s, const void *in, void *col,

@@ -23,6 +23,7 @@
  *  - cross-entropy: abs 1e-5 and rel 1e-5 for the loss (expf/logf differ in
  *    the last bit), rel 1e-5 for the gradient, argmax exact (ties too);
  *  - SGD/Adam: rel 1e-6, abs 1e-7 (fused multiply-adds);
+ *  - add and accumulate: bit for bit;
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -944,6 +945,27 @@ static int case_mlp(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
 
 /* ---- the table ---- */
 
+/* ==== normalisation and element-wise ops (cpu_norm.c, cuda_norm.cu) ==== */
+
+/* ---- residual sums: bit for bit (one fp32 add, one rounding) ---- */
+
+static int case_add(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 70001, es = gs_dtype_size(dt);
+  void *a = hrand(t, dt, n, 4), *b = hrand(t, dt, n, 4);
+  void *out = halloc(t, n * es), *acc = hdup(t, a, n * es);
+  void *ga = dput(t, a, n * es), *gb = dput(t, b, n * es), *gout = dput(t, NULL, n * es);
+  if (t->err)
+    return tc_end(t);
+  tc_call(t, "cpu add_forward", C->add_forward(CX, dt, out, a, b, n));
+  tc_call(t, "cpu accumulate", C->accumulate(CX, dt, acc, b, n));
+  tc_call(t, "gpu add_forward", G->add_forward(GX, dt, gout, ga, gb, n));
+  cmp_bits(t, "add out", out, dget(t, gout, n * es), n * es, es);
+  tc_call(t, "gpu accumulate", G->accumulate(GX, dt, ga, gb, n));
+  cmp_bits(t, "accumulate dst", acc, dget(t, ga, n * es), n * es, es);
+  return tc_end(t);
+}
+
 const gs_gpu_case gs_gpu_cases[] = {
     {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
@@ -952,6 +974,8 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"unscale_check", case_unscale, false}, {"loss_scale_update", case_loss_scale, false},
     {"sgd", case_sgd, false},          {"adam", case_adam, false},
     {"mlp_trajectory", case_mlp, true},
+    /* normalisation and element-wise ops */
+    {"add", case_add, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

@@ -49,3 +49,5 @@ Test(cuda_ops, loss_scale_update) { run("loss_scale_update", false); }
 Test(cuda_ops, sgd) { run("sgd", false); }
 Test(cuda_ops, adam) { run("adam", false); }
 Test(cuda_ops, mlp_trajectory) { run("mlp_trajectory", true); }
+/* normalisation and element-wise ops */
+Test(cuda_ops, add) { run("add", true); }
