@@ -43,8 +43,10 @@
  * table's layout or of a type the two share (gs_exec_config, gs_gpu_info)
  * would be called wrongly. Raise it with every such change.
  *   1: the first versioned contract (the optimizers consume their gradient;
- *      the layer forwards take relu). */
-#define GS_BACKEND_ABI 1
+ *      the layer forwards take relu).
+ *   2: the ops of residual networks and transformers, and the layer
+ *      graph's copy_2d, appended to the table. */
+#define GS_BACKEND_ABI 2
 
 typedef enum gs_dtype {
   GS_F32 = 0,
@@ -253,6 +255,15 @@ struct gs_backend {
   int (*add_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
                      size_t count);
   int (*accumulate)(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
+
+  /* ==== the layer graph (cpu/cpu_backend.c, cuda/cuda_backend.cu) ==== */
+
+  /* ---- rows x width bytes from src (rows spitch bytes apart) to dst (rows
+   *      dpitch bytes apart): concat's forward (each input into its
+   *      columns) and backward (each input's columns out). The two regions
+   *      do not overlap; width <= both pitches. ---- */
+  int (*copy_2d)(gs_exec *ex, void *dst, size_t dpitch, const void *src, size_t spitch,
+                 size_t width, size_t rows);
 };
 
 /* The CPU backend: always available. */

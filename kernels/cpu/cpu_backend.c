@@ -563,6 +563,27 @@ static int cpu_copy(gs_exec *ex, void *dst, const void *src, size_t bytes) {
   return 0;
 }
 
+typedef struct copy_2d_job {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t dpitch, spitch, width;
+} copy_2d_job;
+
+static void copy_2d_part(void *ctx, size_t lo, size_t hi) {
+  const copy_2d_job *j = ctx;
+  for (size_t r = lo; r < hi; r++) memcpy(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
+}
+
+/* Rows split over the job's threads where there are enough bytes to pay. */
+static int cpu_copy_2d(gs_exec *ex, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows) {
+  if (!width || !rows) return 0;
+  copy_2d_job j = {.dst = dst, .src = src, .dpitch = dpitch, .spitch = spitch, .width = width};
+  size_t grain = width >= GS_CPU_BYTES_GRAIN ? 1 : GS_CPU_BYTES_GRAIN / width;
+  gs_cpu_parallel(ex, rows, grain, copy_2d_part, &j);
+  return 0;
+}
+
 static int cpu_zero(gs_exec *ex, void *dst, size_t bytes) {
   if (bytes)
     gs_cpu_parallel(ex, bytes, GS_CPU_BYTES_GRAIN, zero_part, dst);
@@ -612,6 +633,8 @@ static gs_backend cpu_backend = {
     /* normalisation and element-wise ops (cpu_norm.c) */
     .add_forward = gs_cpu_add_forward,
     .accumulate = gs_cpu_accumulate,
+    /* the layer graph */
+    .copy_2d = cpu_copy_2d,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

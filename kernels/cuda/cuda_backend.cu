@@ -235,6 +235,15 @@ static int cuda_zero(gs_exec *ex, void *dst, size_t bytes) {
   return GS_CU(cudaMemsetAsync(dst, 0, bytes, ex->stream));
 }
 
+static int cuda_copy_2d(gs_exec *ex, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || !width || !rows)
+    return rc;
+  return GS_CU(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                 cudaMemcpyDeviceToDevice, ex->stream));
+}
+
 /* ---- the table ---- */
 
 static gs_backend cuda_backend = {
@@ -278,6 +287,8 @@ static gs_backend cuda_backend = {
     /* normalisation and element-wise ops (cuda_norm.cu) */
     /* .add_forward = */ gs_cuda_add_forward,
     /* .accumulate = */ gs_cuda_accumulate,
+    /* the layer graph */
+    /* .copy_2d = */ cuda_copy_2d,
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {
