@@ -75,6 +75,8 @@ static Gpushare__V1__OomCause cause_to_pb(gs_oom_cause c) {
 static void layer_in(const Gpushare__V1__Layer *pl, gs_spec_layer *l) {
   gs_spec_layer_init(l, GS_LAYER_KIND_COUNT);
   l->name = pl->name;
+  l->inputs = (const char *const *)pl->inputs;
+  l->n_inputs = pl->n_inputs;
   switch (pl->kind_case) {
   case GPUSHARE__V1__LAYER__KIND_DENSE: {
     static const Gpushare__V1__Dense none = GPUSHARE__V1__DENSE__INIT;
@@ -119,6 +121,11 @@ static void layer_in(const Gpushare__V1__Layer *pl, gs_spec_layer *l) {
     break;
   case GPUSHARE__V1__LAYER__KIND_FLATTEN: l->kind = GS_LAYER_FLATTEN; break;
   case GPUSHARE__V1__LAYER__KIND_RELU: l->kind = GS_LAYER_RELU; break;
+  case GPUSHARE__V1__LAYER__KIND_ADD:
+    l->kind = GS_LAYER_ADD;
+    l->activation = pl->add ? activation(pl->add->activation) : GS_ACTIVATION_NONE;
+    break;
+  case GPUSHARE__V1__LAYER__KIND_CONCAT: l->kind = GS_LAYER_CONCAT; break;
   default: break; /* no kind: GS_LAYER_KIND_COUNT, which the validator names */
   }
 }

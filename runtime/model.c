@@ -20,7 +20,7 @@
 
 static const char *const kind_names[GS_LAYER_KIND_COUNT] = {
     "dense", "conv2d", "depthwise_conv2d", "max_pool2d",
-    "global_average_pooling2d", "flatten", "relu",
+    "global_average_pooling2d", "flatten", "relu", "add", "concat",
 };
 
 const char *gs_layer_kind_name(gs_layer_kind k) {
@@ -371,6 +371,176 @@ static int check_name(lctx *c, const char *name) {
   return 0;
 }
 
+/* Pass 1: every layer's kind and name (given, or kind_N), so that inputs
+ * may name any layer, even one further down (which is then refused by
+ * name, not as unknown). */
+static int name_layers(const gs_job_spec *spec, gs_model *m, gs_err *e) {
+  uint32_t per_kind[GS_LAYER_KIND_COUNT] = {0};
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_spec_layer *pl = &spec->layers[i];
+    gs_layer *l = &m->layers[i];
+    lctx c = {.e = e, .l = l};
+    snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
+    l->index = i;
+    if ((unsigned)pl->kind >= GS_LAYER_KIND_COUNT)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, c.path,
+                        "layer[%u] has no kind: one of dense, conv2d, depthwise_conv2d, "
+                        "max_pool2d, global_average_pooling2d, flatten, relu, add, concat",
+                        i),
+             -EINVAL;
+    l->kind = pl->kind;
+    per_kind[l->kind]++;
+    if (pl->name && pl->name[0]) {
+      snprintf(l->name, sizeof l->name, "%s", pl->name);
+      if (check_name(&c, pl->name)) return -EINVAL;
+    } else {
+      snprintf(l->name, sizeof l->name, "%s_%u", gs_layer_kind_name(l->kind), per_kind[l->kind]);
+    }
+    for (uint32_t j = 0; j < i; j++)
+      if (strcmp(m->layers[j].name, l->name) == 0)
+        return lerr(&c, "name", "the name %s is already layer[%u]'s: layer names must be unique",
+                    l->name, j);
+  }
+  return 0;
+}
+
+/* The index of the layer named `name`, GS_MODEL_INPUT for "input" where no
+ * layer has that name, or INT32_MIN. */
+static int32_t find_layer(const gs_model *m, const char *name) {
+  for (uint32_t j = 0; j < m->n_layers; j++)
+    if (strcmp(m->layers[j].name, name) == 0) return (int32_t)j;
+  return strcmp(name, "input") == 0 ? GS_MODEL_INPUT : INT32_MIN;
+}
+
+/* Whether layer `from`, following inputs back, reaches layer `to`; the
+ * chain walked is appended to buf (" -> name"). Inputs are resolved from the
+ * spec, so a later layer's (not yet checked) inputs are followed too. */
+static bool reaches(const gs_job_spec *spec, const gs_model *m, int32_t from, int32_t to,
+                    uint32_t depth, char *buf, size_t len) {
+  if (from < 0 || depth > m->n_layers) return false;
+  const gs_spec_layer *pl = &spec->layers[from];
+  size_t n = pl->n_inputs;
+  for (size_t k = 0; k < (n ? n : 1); k++) {
+    int32_t j = n ? (pl->inputs[k] ? find_layer(m, pl->inputs[k]) : INT32_MIN) : from - 1;
+    if (j < 0) continue;
+    size_t o = strlen(buf);
+    snprintf(buf + o, len - o, " <- %s", m->layers[j].name);
+    if (j == to || reaches(spec, m, j, to, depth + 1, buf, len)) return true;
+    buf[o] = '\0';
+  }
+  return false;
+}
+
+/* Pass 2: each layer's inputs as layer indexes, checked: the count its kind
+ * takes, every name known and earlier than the layer. */
+static int resolve_inputs(const gs_job_spec *spec, gs_model *m, gs_err *e) {
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_spec_layer *pl = &spec->layers[i];
+    gs_layer *l = &m->layers[i];
+    lctx c = {.e = e, .l = l};
+    snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
+    bool merge = l->kind == GS_LAYER_ADD || l->kind == GS_LAYER_CONCAT;
+    if (pl->n_inputs == 0) {
+      if (merge)
+        return lerr(&c, "inputs", "%s needs the names of 2 to %u layers in inputs, got none",
+                    gs_layer_kind_name(l->kind), GS_MODEL_MAX_INPUTS);
+      l->n_inputs = 1;
+      l->inputs[0] = (int32_t)i - 1; /* layer 0: GS_MODEL_INPUT */
+      continue;
+    }
+    if (merge && (pl->n_inputs < 2 || pl->n_inputs > GS_MODEL_MAX_INPUTS))
+      return lerr(&c, "inputs", "%s takes 2 to %u inputs, got %zu",
+                  gs_layer_kind_name(l->kind), GS_MODEL_MAX_INPUTS, pl->n_inputs);
+    if (!merge && pl->n_inputs != 1)
+      return lerr(&c, "inputs", "%s takes one input, got %zu: only add and concat take more",
+                  gs_layer_kind_name(l->kind), pl->n_inputs);
+    l->n_inputs = (uint32_t)pl->n_inputs;
+    for (uint32_t k = 0; k < l->n_inputs; k++) {
+      char sub[32];
+      snprintf(sub, sizeof sub, "inputs[%u]", k);
+      const char *nm = pl->inputs[k] ? pl->inputs[k] : "";
+      int32_t j = find_layer(m, nm);
+      if (j == INT32_MIN)
+        return lerr(&c, sub, "input \"%s\" is no layer's name (nor \"input\", the model's "
+                    "input)", nm);
+      if (j == (int32_t)i)
+        return lerr(&c, sub, "takes its own output: a cycle (a layer may take only the "
+                    "outputs of layers before it)");
+      if (j > (int32_t)i) {
+        char chain[512];
+        snprintf(chain, sizeof chain, "%s <- %s", l->name, m->layers[j].name);
+        if (reaches(spec, m, j, (int32_t)i, 0, chain, sizeof chain))
+          return lerr(&c, sub, "input %s (layer[%d]) makes a cycle: %s", nm, j, chain);
+        return lerr(&c, sub, "input %s is layer[%d], after this one: layers run in the order "
+                    "listed, so a layer may take only the outputs of layers before it",
+                    nm, j);
+      }
+      for (uint32_t q = 0; q < k; q++)
+        if (l->inputs[q] == j)
+          return lerr(&c, sub, "input \"%s\" is named twice", nm);
+      l->inputs[k] = j;
+      if (j != (int32_t)i - 1 || k) m->graph = true;
+    }
+  }
+  return 0;
+}
+
+static const gs_shape *input_shape(const gs_model *m, int32_t j) {
+  return j == GS_MODEL_INPUT ? &m->input : &m->layers[j].out;
+}
+
+static const char *input_name(const gs_model *m, int32_t j) {
+  return j == GS_MODEL_INPUT ? "input" : m->layers[j].name;
+}
+
+/* l->in: its (first) input's shape; the output starts as the same. */
+static void input_shapes(const gs_model *m, gs_layer *l) {
+  l->in = *input_shape(m, l->inputs[0]);
+  l->out = l->in;
+}
+
+static int build_add(lctx *c, const gs_model *m, gs_layer *l, const gs_spec_layer *d) {
+  char s1[48], s2[48];
+  if (d->activation != GS_ACTIVATION_NONE && d->activation != GS_ACTIVATION_RELU)
+    return lerr(c, "add.activation", "activation %d is unknown: NONE or RELU",
+                (int)d->activation);
+  l->relu = d->activation == GS_ACTIVATION_RELU;
+  for (uint32_t k = 1; k < l->n_inputs; k++) {
+    const gs_shape *a = &l->in, *b = input_shape(m, l->inputs[k]);
+    if (a->rank != b->rank || a->h != b->h || a->w != b->w || a->c != b->c) {
+      char sub[32];
+      snprintf(sub, sizeof sub, "inputs[%u]", k);
+      return lerr(c, sub, "add needs inputs of one shape: %s is %s but %s is %s",
+                  input_name(m, l->inputs[0]), shape_x(a, s1, sizeof s1),
+                  input_name(m, l->inputs[k]), shape_x(b, s2, sizeof s2));
+    }
+  }
+  return 0;
+}
+
+static int build_concat(lctx *c, const gs_model *m, gs_layer *l) {
+  char s1[48], s2[48];
+  uint64_t ch = l->in.c;
+  for (uint32_t k = 1; k < l->n_inputs; k++) {
+    const gs_shape *a = &l->in, *b = input_shape(m, l->inputs[k]);
+    if (a->rank != b->rank || a->h != b->h || a->w != b->w) {
+      char sub[32];
+      snprintf(sub, sizeof sub, "inputs[%u]", k);
+      return lerr(c, sub, "concat joins along the channels, so its inputs must agree in %s: "
+                  "%s is %s but %s is %s",
+                  a->rank == 3 && b->rank == 3 ? "height and width" : "rank (image or flat)",
+                  input_name(m, l->inputs[0]), shape_x(a, s1, sizeof s1),
+                  input_name(m, l->inputs[k]), shape_x(b, s2, sizeof s2));
+    }
+    ch += b->c;
+  }
+  if (ch > GS_MODEL_MAX_DIM)
+    return lerr(c, "inputs", "concat would have %llu channels: at most %u",
+                (unsigned long long)ch, GS_MODEL_MAX_DIM);
+  l->out.c = (uint32_t)ch;
+  return 0;
+}
+
 int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
   int rc;
   memset(m, 0, sizeof *m);
@@ -419,33 +589,14 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
                       spec->n_layers),
            -ENOMEM;
   m->n_layers = (uint32_t)spec->n_layers;
-  uint32_t per_kind[GS_LAYER_KIND_COUNT] = {0};
-  gs_shape cur = m->input;
-  m->max_elements = gs_shape_elements(&cur);
+  if (name_layers(spec, m, e) || resolve_inputs(spec, m, e)) goto fail;
+  m->max_elements = gs_shape_elements(&m->input);
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_spec_layer *pl = &spec->layers[i];
     gs_layer *l = &m->layers[i];
     lctx c = {.e = e, .l = l};
     snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
-    l->index = i;
-    l->in = cur;
-    l->out = cur;
-    if ((unsigned)pl->kind < GS_LAYER_KIND_COUNT) {
-      l->kind = pl->kind;
-    } else {
-      gs_err_set(e, GS_INVALID_ARGUMENT, c.path,
-                 "layer[%u] has no kind: one of dense, conv2d, depthwise_conv2d, max_pool2d, "
-                 "global_average_pooling2d, flatten, relu",
-                 i);
-      goto fail;
-    }
-    per_kind[l->kind]++;
-    if (pl->name && pl->name[0]) {
-      snprintf(l->name, sizeof l->name, "%s", pl->name);
-      if (check_name(&c, pl->name)) goto fail;
-    } else {
-      snprintf(l->name, sizeof l->name, "%s_%u", gs_layer_kind_name(l->kind), per_kind[l->kind]);
-    }
+    input_shapes(m, l);
     switch (l->kind) {
     case GS_LAYER_DENSE: rc = build_dense(&c, l, pl); break;
     case GS_LAYER_CONV2D: rc = build_conv2d(&c, l, pl); break;
@@ -453,12 +604,14 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
     case GS_LAYER_MAX_POOL2D: rc = build_maxpool(&c, l, pl); break;
     case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
       rc = need_image(&c, "global_average_pooling2d");
-      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = cur.c};
+      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = l->in.c};
       break;
     case GS_LAYER_FLATTEN:
       rc = 0;
-      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = (uint32_t)gs_shape_elements(&cur)};
+      l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = (uint32_t)gs_shape_elements(&l->in)};
       break;
+    case GS_LAYER_ADD: rc = build_add(&c, m, l, pl); break;
+    case GS_LAYER_CONCAT: rc = build_concat(&c, m, l); break;
     default: rc = 0; break; /* relu keeps the shape */
     }
     if (rc) goto fail;
@@ -474,14 +627,24 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
     for (uint32_t p = 0; p < l->n_params; p++) l->param_count += l->params[p].count;
     m->param_count += l->param_count;
     if (oe > m->max_elements) m->max_elements = oe;
-    for (uint32_t j = 0; j < i; j++) {
-      if (strcmp(m->layers[j].name, l->name) == 0) {
-        lerr(&c, "name", "the name %s is already layer[%u]'s: layer names must be unique",
-             l->name, j);
-        goto fail;
+    l->needs_grad = l->n_params > 0;
+    for (uint32_t k = 0; k < l->n_inputs; k++)
+      if (l->inputs[k] >= 0) {
+        m->layers[l->inputs[k]].consumers++;
+        l->needs_grad = l->needs_grad || m->layers[l->inputs[k]].needs_grad;
       }
-    }
-    cur = l->out;
+  }
+  m->layers[m->n_layers - 1].consumers++; /* the loss */
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_layer *l = &m->layers[i];
+    if (l->consumers) continue;
+    char f[32];
+    snprintf(f, sizeof f, "model.layer[%u]", i);
+    gs_err_set(e, GS_INVALID_ARGUMENT, f,
+               "layer %s (layer[%u]): its output is taken by no layer: name it in the inputs "
+               "of a later layer, or remove it (only the last layer's output goes to the loss)",
+               l->name, i);
+    goto fail;
   }
   const gs_layer *last = &m->layers[m->n_layers - 1];
   if (last->kind != GS_LAYER_DENSE) {

@@ -21,6 +21,14 @@
  *    op (the runtime applies relu_forward in place on the op's output).
  *  - the last layer must be a Dense: its `units` are the classes of the
  *    softmax cross-entropy loss.
+ *  - a layer graph: a layer may name its inputs (Layer.inputs, by layer
+ *    name; "input" is the model's input where no layer is so named); a
+ *    layer naming none takes the previous layer's output, so a model that
+ *    names none is the straight line it always was. Layers run in the order
+ *    listed and may take only earlier layers' outputs (a cycle or a later
+ *    layer is refused, naming the chain); every output but the last must be
+ *    taken by some layer. add sums two or more inputs of one shape, concat
+ *    joins them along the channels.
  * Errors fill gs_err with a field path relative to the JobSpec
  * ("model.layer[3].conv2d.kernel_size", "batch_size") and a message naming the
  * layer, the value and the shapes involved.
@@ -44,6 +52,8 @@
 #define GS_MODEL_MAX_KERNEL 64u      /* kernel_size / pool_size */
 #define GS_MODEL_MAX_ELEMENTS (1ull << 31) /* per-example elements of one tensor */
 #define GS_MODEL_NAME_MAX 64
+#define GS_MODEL_MAX_INPUTS 8u       /* inputs of one add or concat */
+#define GS_MODEL_INPUT (-1)          /* gs_layer.inputs[]: the model's input */
 
 /* One example's tensor shape, batch excluded. rank 3: (h, w, c) NHWC image;
  * rank 1: (c) flat features, with h = w = 1 so h*w*c is always the count. */
@@ -73,6 +83,11 @@ typedef struct gs_layer {
   gs_param_shape params[2];
   uint64_t param_count;         /* sum of params[].count */
   uint32_t fan_in, fan_out;     /* Glorot fans of the kernel, as Keras computes them */
+  uint32_t n_inputs;            /* 1, or 2..GS_MODEL_MAX_INPUTS for add and concat */
+  int32_t inputs[GS_MODEL_MAX_INPUTS]; /* producing layers' indexes, or GS_MODEL_INPUT */
+  uint32_t consumers;           /* later layers taking this output (+1 for the last: the loss) */
+  bool needs_grad;              /* the backward pass must produce this output's gradient:
+                                   the layer or a layer it takes from has parameters */
 } gs_layer;
 
 /* The recipe of a JobSpec with every default applied and every value
@@ -115,6 +130,7 @@ typedef struct gs_model {
   uint32_t classes;    /* the last Dense's units */
   uint64_t param_count;
   uint64_t max_elements; /* largest per-example activation (any layer in/out) */
+  bool graph;          /* some layer takes other than its predecessor's output */
 } gs_model;
 
 /* Validate the whole JobSpec recipe and build the layer list. On success

@@ -38,6 +38,8 @@ typedef enum gs_layer_kind {
   GS_LAYER_GLOBAL_AVERAGE_POOLING2D,
   GS_LAYER_FLATTEN,
   GS_LAYER_RELU,
+  GS_LAYER_ADD,
+  GS_LAYER_CONCAT,
   GS_LAYER_KIND_COUNT /* in a gs_spec_layer: the layer names no kind */
 } gs_layer_kind;
 
@@ -85,8 +87,10 @@ typedef struct gs_spec_layer {
   uint32_t stride;          /* conv2d, depthwise_conv2d (default 1); max_pool2d with has_stride */
   bool has_stride;          /* max_pool2d: stride given (else the pool size) */
   uint32_t pool_size;       /* max_pool2d (default 2) */
-  gs_activation activation; /* dense, conv2d, depthwise_conv2d */
+  gs_activation activation; /* dense, conv2d, depthwise_conv2d, add */
   gs_padding padding;       /* conv2d, depthwise_conv2d */
+  const char *const *inputs; /* n_inputs layer names ("input": the model's input) */
+  size_t n_inputs;          /* 0: the previous layer's output */
 } gs_spec_layer;
 
 typedef struct gs_spec_dataset {

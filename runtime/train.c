@@ -16,8 +16,11 @@
  *     in (cast to the storage dtype in mixed precision), run the layers
  *     forward (fused ReLU in place), cast the logits to fp32, run the fused
  *     softmax cross-entropy whose gradient is scaled by the device loss
- *     scale and divided by b*k, and run the layers backward through two
- *     ping-pong gradient buffers (the backend accumulates dw/db). Then, for
+ *     scale and divided by b*k, and run the layers backward through the
+ *     gradient slots (two for a line, more where a layer graph keeps a
+ *     shortcut's gradient across a block; the backend accumulates dw/db,
+ *     and `accumulate` sums an output's gradient over the layers that take
+ *     it). Then, for
  *     fp16, unscale and check every gradient (found_inf on the device), step
  *     the optimizer with skip = found_inf, refresh the 16-bit working
  *     copies from the masters and update the loss scale.
@@ -89,7 +92,8 @@ struct gs_train {
   bool mixed, fp16;
   bool grads_zero;       /* every gradient is zero: the last optimizer step consumed them */
   lstate *ls;
-  uint32_t first_param;  /* lowest layer with parameters: backward stops there */
+  int32_t *gslot_of;     /* backward: per layer, the slot of its output's gradient */
+  bool *gslot_busy;      /* backward: per slot, in use */
 
   /* device buffers */
   void *x;               /* input batch (N, H, W, C) in dt */
@@ -99,7 +103,8 @@ struct gs_train {
   float *dlogits;        /* (N, K) f32 */
   float *loss;           /* (N) f32 per example */
   int32_t *pred;         /* (N) */
-  void *g[2];            /* activation-gradient ping-pong, dt */
+  void **g;              /* activation-gradient slots (n_g), dt */
+  uint32_t n_g;
   void *ws;              /* op scratch */
   uint8_t *state;        /* loss-scale block, LS_* offsets */
   void **blocks;         /* every allocation, for destroy */
@@ -150,6 +155,17 @@ struct gs_train {
   size_t n_snap, cap_snap;
   uint64_t snap_total;   /* in_use when the snapshot was taken */
 };
+
+/* Input k of layer l: the batch, or the output of the layer it names. */
+static const void *layer_input(const gs_train *t, const gs_layer *l, uint32_t k) {
+  int32_t j = l->inputs[k];
+  return j < 0 ? t->x : t->ls[j].act;
+}
+
+static size_t input_channels(const gs_model *m, const gs_layer *l, uint32_t k) {
+  int32_t j = l->inputs[k];
+  return j < 0 ? m->input.c : m->layers[j].out.c;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -234,6 +250,7 @@ static int talloc(gs_train *t, const gs_train_buffer *bf, void **out, gs_train_f
 }
 
 static void snapshot_if_peak(gs_train *t);
+static uint32_t grad_slots(const gs_model *m, bool mixed, int *rc);
 
 static void free_blocks(gs_train *t) {
   for (size_t i = t->n_blocks; i-- > 0;) gs_alloc_free(t->a, t->blocks[i]);
@@ -273,8 +290,12 @@ static int check_ops(const gs_train *t, gs_err *e) {
       break;
     case GS_LAYER_MAX_POOL2D: ok = b->maxpool_forward && b->maxpool_backward; break;
     case GS_LAYER_GLOBAL_AVERAGE_POOLING2D: ok = b->gap_forward && b->gap_backward; break;
+    case GS_LAYER_ADD: ok = b->add_forward && b->copy; break;
+    case GS_LAYER_CONCAT: ok = b->copy_2d != NULL; break;
     default: break;
     }
+    /* A gradient that two layers add to. */
+    if (l->consumers > 1) ok = ok && b->accumulate;
     if (l->relu || l->kind == GS_LAYER_RELU) ok = ok && b->relu_forward && b->relu_backward;
     if (!ok) {
       char f[64];
@@ -398,12 +419,15 @@ int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
   if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_PREDICTIONS, GS_ROLE_BATCH, "predictions", GS_F32,
                  1, nd)))
     return rc;
-  /* Workspace: gradient ping-pong and op scratch. */
+  /* Workspace: the backward pass's gradient slots and op scratch. */
   uint64_t gd[2] = {n, m->max_elements};
-  for (uint32_t i = 0; i < 2; i++)
-    if ((rc = emit(fn, user, NULL, i, GS_TSLOT_ACT_GRAD, GS_ROLE_WORKSPACE,
-                   i ? "activation_gradients[1]" : "activation_gradients[0]", dt, 2, gd)))
+  uint32_t slots = grad_slots(m, mixed, &rc);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < slots; i++) {
+    snprintf(nm, sizeof nm, "activation_gradients[%u]", i);
+    if ((rc = emit(fn, user, NULL, i, GS_TSLOT_ACT_GRAD, GS_ROLE_WORKSPACE, nm, dt, 2, gd)))
       return rc;
+  }
   uint64_t ws = 0;
   for (uint32_t i = 0; i < m->n_layers; i++) {
     uint64_t w1 = layer_workspace(b, dt, &m->layers[i], (uint32_t)n);
@@ -475,7 +499,7 @@ static int alloc_all(gs_train *t, gs_train_failure *fail, gs_err *e) {
   int rc = gs_train_buffers(m, &t->r, t->b, eval_rem, alloc_one, &c);
   if (rc) return rc;
   for (uint32_t i = 0; i < m->n_layers; i++)
-    if (m->layers[i].kind == GS_LAYER_FLATTEN) t->ls[i].act = i ? t->ls[i - 1].act : t->x;
+    if (m->layers[i].kind == GS_LAYER_FLATTEN) t->ls[i].act = (void *)layer_input(t, &m->layers[i], 0);
   return 0;
 }
 
@@ -551,13 +575,14 @@ static int init_params(gs_train *t, gs_err *e) {
 
 /* --------------------------------------------------------------- forward --- */
 
+
 static int forward(gs_train *t, uint32_t n, gs_err *e) {
   const gs_model *m = &t->model;
   const gs_backend *b = t->b;
-  const void *in = t->x;
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
     lstate *s = &t->ls[i];
+    const void *in = layer_input(t, l, 0);
     gs_conv_shape cs;
     uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
     /* In FLOAT32 the last layer's act is the fp32 logits buffer: same dtype. */
@@ -589,10 +614,26 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
       break;
     case GS_LAYER_FLATTEN: break; /* same bytes, flat view */
     case GS_LAYER_RELU: OP(b->relu_forward(t->ex, t->dt, s->act, in, cnt)); break;
+    case GS_LAYER_ADD:
+      OP(b->add_forward(t->ex, t->dt, s->act, in, layer_input(t, l, 1), cnt));
+      for (uint32_t k = 2; k < l->n_inputs; k++)
+        OP(b->add_forward(t->ex, t->dt, s->act, s->act, layer_input(t, l, k), cnt));
+      break;
+    case GS_LAYER_CONCAT: {
+      /* Each input's rows (pixels, or examples when flat) go to its columns. */
+      const size_t es = gs_dtype_size(t->dt), rows = (size_t)n * l->out.h * l->out.w;
+      size_t off = 0;
+      for (uint32_t k = 0; k < l->n_inputs; k++) {
+        size_t ck = input_channels(m, l, k);
+        OP(b->copy_2d(t->ex, (uint8_t *)s->act + off * es, l->out.c * es, layer_input(t, l, k),
+                      ck * es, ck * es, rows));
+        off += ck;
+      }
+      break;
+    }
     default: break;
     }
     if (l->relu && !fused) OP(b->relu_forward(t->ex, t->dt, s->act, s->act, cnt));
-    in = s->act;
   }
   if (t->mixed)
     OP(b->cast(t->ex, t->logits, GS_F32, t->ls[m->n_layers - 1].act, t->dt,
@@ -600,61 +641,223 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
   return 0;
 }
 
-static int backward(gs_train *t, uint32_t n, gs_err *e) {
-  const gs_model *m = &t->model;
-  const gs_backend *b = t->b;
-  void *dout;
-  int cur;
-  if (t->mixed) {
-    OP(b->cast(t->ex, t->g[0], t->dt, t->dlogits, GS_F32, (size_t)n * m->classes));
-    dout = t->g[0];
-    cur = 0;
-  } else {
-    dout = t->dlogits;
-    cur = -1;
+/* -------------------------------------------------------------- backward --- */
+
+/* The backward pass keeps each layer's output gradient in a slot: one
+ * buffer of the largest activation, in dt. A gradient is written by the
+ * last layer (in model order) that takes the output, and completed by the
+ * others with `accumulate`, so a layer's gradient is whole when its turn
+ * comes; its slot is freed, or handed on to its input (flatten, relu, add),
+ * once the layer is done. The walk is one function run two ways: dry, by
+ * gs_train_buffers, to count the slots the model needs at most (the
+ * planner's figure), and live, by backward(), issuing the ops; so the two
+ * cannot disagree. A straight line needs two slots (one when its first layer
+ * with parameters has only one layer after it), a residual block three. */
+#define GW_NONE (-1)
+#define GW_DLOGITS (-2) /* FLOAT32: the loss's fp32 dlogits buffer itself */
+
+typedef struct gwalk {
+  const gs_model *m;
+  bool mixed;    /* the loss gradient is cast into a slot first */
+  gs_train *t;   /* NULL: dry */
+  int32_t *of;   /* per layer: its gradient's slot, GW_NONE or GW_DLOGITS */
+  bool *busy;    /* per slot */
+  uint32_t cap, used;
+} gwalk;
+
+static int32_t gw_take(gwalk *w) {
+  for (uint32_t i = 0; i < w->cap; i++)
+    if (!w->busy[i]) {
+      w->busy[i] = true;
+      if (i + 1 > w->used) w->used = i + 1;
+      return (int32_t)i;
+    }
+  return GW_NONE; /* cap is an upper bound: not reached */
+}
+
+static void gw_free(gwalk *w, int32_t s) {
+  if (s >= 0) w->busy[s] = false;
+}
+
+static void *gw_ptr(const gwalk *w, int32_t s) {
+  if (!w->t) return NULL;
+  return s == GW_DLOGITS ? (void *)w->t->dlogits : w->t->g[s];
+}
+
+/* Hand the gradient in slot s to input k of l. own: s is l's and goes with
+ * it: to the input when the input's gradient has not started, else it is
+ * added there and s freed. !own: s stays l's; it is copied to a new slot or
+ * added. An input that needs no gradient (the model's input, or a layer
+ * with no parameters at or before it) takes nothing. */
+static int gw_give(gwalk *w, const gs_layer *l, uint32_t k, int32_t s, bool own, uint64_t cnt,
+                   gs_err *e) {
+  gs_train *t = w->t;
+  int32_t j = l->inputs[k];
+  bool need = j >= 0 && w->m->layers[j].needs_grad;
+  if (need && w->of[j] == GW_NONE && own) {
+    w->of[j] = s;
+    return 0;
   }
-  for (uint32_t i = m->n_layers; i-- > t->first_param;) {
-    const gs_layer *l = &m->layers[i];
-    lstate *s = &t->ls[i];
-    const void *in = i ? t->ls[i - 1].act : t->x;
-    uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
-    if (l->relu) OP(b->relu_backward(t->ex, t->dt, dout, dout, s->act, cnt));
-    if (l->kind == GS_LAYER_FLATTEN) continue;
-    if (l->kind == GS_LAYER_RELU) {
-      OP(b->relu_backward(t->ex, t->dt, dout, dout, s->act, cnt));
-      continue;
-    }
-    int next = cur == 0 ? 1 : 0;
-    void *din = i > t->first_param ? t->g[next] : NULL;
-    gs_conv_shape cs;
-    switch (l->kind) {
-    case GS_LAYER_DENSE:
-      OP(b->dense_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], n,
-                           l->in.c, l->units, t->ws));
-      break;
-    case GS_LAYER_CONV2D:
-      cs = gs_model_conv_shape(l, n);
-      OP(b->conv2d_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], &cs,
-                            t->ws));
-      break;
-    case GS_LAYER_DEPTHWISE_CONV2D:
-      cs = gs_model_conv_shape(l, n);
-      OP(b->depthwise_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0],
-                               &cs, t->ws));
-      break;
-    case GS_LAYER_MAX_POOL2D:
-      cs = gs_model_conv_shape(l, n);
-      OP(b->maxpool_backward(t->ex, t->dt, din, dout, in, &cs));
-      break;
-    case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
-      OP(b->gap_backward(t->ex, t->dt, din, dout, n, l->in.h, l->in.w, l->in.c));
-      break;
-    default: break;
-    }
-    dout = din;
-    cur = next;
+  if (need && w->of[j] == GW_NONE) {
+    int32_t c = gw_take(w);
+    if (t) OP(t->b->copy(t->ex, gw_ptr(w, c), gw_ptr(w, s), cnt * gs_dtype_size(t->dt)));
+    w->of[j] = c;
+  } else if (need && t) {
+    OP(t->b->accumulate(t->ex, t->dt, gw_ptr(w, w->of[j]), gw_ptr(w, s), cnt));
+  }
+  if (own) gw_free(w, s);
+  return 0;
+}
+
+/* concat: input k's columns of the gradient in slot s, to the input. */
+static int gw_split(gwalk *w, const gs_layer *l, uint32_t k, int32_t s, size_t off, uint32_t n,
+                    gs_err *e) {
+  gs_train *t = w->t;
+  int32_t j = l->inputs[k];
+  if (j < 0 || !w->m->layers[j].needs_grad) return 0;
+  const size_t es = t ? gs_dtype_size(t->dt) : 0, ck = w->m->layers[j].out.c;
+  const size_t rows = (size_t)n * l->out.h * l->out.w;
+  bool acc = w->of[j] != GW_NONE;
+  int32_t c = gw_take(w);
+  if (t)
+    OP(t->b->copy_2d(t->ex, gw_ptr(w, c), ck * es, (uint8_t *)gw_ptr(w, s) + off * es,
+                     (size_t)l->out.c * es, ck * es, rows));
+  if (!acc) {
+    w->of[j] = c;
+    return 0;
+  }
+  if (t) OP(t->b->accumulate(t->ex, t->dt, gw_ptr(w, w->of[j]), gw_ptr(w, c), rows * ck));
+  gw_free(w, c);
+  return 0;
+}
+
+/* One layer's op backward: din (NULL: its input needs no gradient). */
+static int layer_backward(gs_train *t, const gs_layer *l, void *din, const void *dout,
+                          uint32_t n, gs_err *e) {
+  const gs_backend *b = t->b;
+  lstate *s = &t->ls[l->index];
+  const void *in = layer_input(t, l, 0);
+  gs_conv_shape cs;
+  switch (l->kind) {
+  case GS_LAYER_DENSE:
+    OP(b->dense_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], n,
+                         l->in.c, l->units, t->ws));
+    break;
+  case GS_LAYER_CONV2D:
+    cs = gs_model_conv_shape(l, n);
+    OP(b->conv2d_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], &cs,
+                          t->ws));
+    break;
+  case GS_LAYER_DEPTHWISE_CONV2D:
+    cs = gs_model_conv_shape(l, n);
+    OP(b->depthwise_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0],
+                             &cs, t->ws));
+    break;
+  case GS_LAYER_MAX_POOL2D:
+    cs = gs_model_conv_shape(l, n);
+    OP(b->maxpool_backward(t->ex, t->dt, din, dout, in, &cs));
+    break;
+  case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
+    OP(b->gap_backward(t->ex, t->dt, din, dout, n, l->in.h, l->in.w, l->in.c));
+    break;
+  default: break;
   }
   return 0;
+}
+
+/* The walk: live (w->t set) or dry. Layers run in reverse; a layer whose
+ * output needs no gradient is skipped whole. */
+static int gw_walk(gwalk *w, uint32_t n, gs_err *e) {
+  const gs_model *m = w->m;
+  gs_train *t = w->t;
+  const uint32_t last = m->n_layers - 1;
+  int rc;
+  for (uint32_t i = 0; i < m->n_layers; i++) w->of[i] = GW_NONE;
+  memset(w->busy, 0, w->cap * sizeof *w->busy);
+  if (w->mixed) {
+    int32_t s0 = gw_take(w);
+    if (t)
+      OP(t->b->cast(t->ex, gw_ptr(w, s0), t->dt, t->dlogits, GS_F32, (size_t)n * m->classes));
+    w->of[last] = s0;
+  } else {
+    w->of[last] = GW_DLOGITS;
+  }
+  for (uint32_t i = m->n_layers; i-- > 0;) {
+    const gs_layer *l = &m->layers[i];
+    if (!l->needs_grad) continue;
+    const int32_t so = w->of[i];
+    void *dout = gw_ptr(w, so);
+    const uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
+    if (t && (l->relu || l->kind == GS_LAYER_RELU))
+      OP(t->b->relu_backward(t->ex, t->dt, dout, dout, t->ls[i].act, cnt));
+    switch (l->kind) {
+    case GS_LAYER_FLATTEN:
+    case GS_LAYER_RELU:
+      if ((rc = gw_give(w, l, 0, so, true, cnt, e))) return rc;
+      break;
+    case GS_LAYER_ADD: {
+      /* The last input whose gradient has not started takes the slot; the
+       * others are added to, or get copies, first. */
+      uint32_t owner = UINT32_MAX;
+      for (uint32_t k = 0; k < l->n_inputs; k++) {
+        int32_t j = l->inputs[k];
+        if (j >= 0 && m->layers[j].needs_grad && w->of[j] == GW_NONE) owner = k;
+      }
+      for (uint32_t k = 0; k < l->n_inputs; k++)
+        if (k != owner && (rc = gw_give(w, l, k, so, false, cnt, e))) return rc;
+      if (owner != UINT32_MAX) {
+        if ((rc = gw_give(w, l, owner, so, true, cnt, e))) return rc;
+      } else {
+        gw_free(w, so);
+      }
+      break;
+    }
+    case GS_LAYER_CONCAT: {
+      size_t off = 0;
+      for (uint32_t k = 0; k < l->n_inputs; k++) {
+        if ((rc = gw_split(w, l, k, so, off, n, e))) return rc;
+        off += input_channels(m, l, k);
+      }
+      gw_free(w, so);
+      break;
+    }
+    default: {
+      int32_t j = l->inputs[0];
+      bool need = j >= 0 && m->layers[j].needs_grad;
+      int32_t ds = need ? gw_take(w) : GW_NONE;
+      if (t && (rc = layer_backward(t, l, need ? gw_ptr(w, ds) : NULL, dout, n, e))) return rc;
+      if (need && w->of[j] == GW_NONE) {
+        w->of[j] = ds;
+      } else if (need) {
+        if (t)
+          OP(t->b->accumulate(t->ex, t->dt, gw_ptr(w, w->of[j]), gw_ptr(w, ds),
+                              (uint64_t)n * gs_shape_elements(&l->in)));
+        gw_free(w, ds);
+      }
+      gw_free(w, so);
+      break;
+    }
+    }
+  }
+  return 0;
+}
+
+static int backward(gs_train *t, uint32_t n, gs_err *e) {
+  gwalk w = {.m = &t->model, .mixed = t->mixed, .t = t, .of = t->gslot_of,
+             .busy = t->gslot_busy, .cap = t->n_g};
+  return gw_walk(&w, n, e);
+}
+
+/* The gradient slots the backward pass of m needs at most (gs_train_buffers
+ * emits that many); 0 on a host allocation failure (*rc = -ENOMEM). */
+static uint32_t grad_slots(const gs_model *m, bool mixed, int *rc) {
+  gwalk w = {.m = m, .mixed = mixed, .cap = m->n_layers + 2};
+  w.of = calloc(m->n_layers, sizeof *w.of);
+  w.busy = calloc(w.cap, sizeof *w.busy);
+  *rc = w.of && w.busy ? gw_walk(&w, 0, NULL) : -ENOMEM;
+  free(w.of);
+  free(w.busy);
+  return *rc ? 0 : w.used;
 }
 
 /* Pixels a part of the batch gather should have at least: below this a
@@ -1228,12 +1431,6 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
   }
   t->total_steps = t->steps_per_epoch * t->r.epochs;
   if (t->r.max_steps && t->r.max_steps < t->total_steps) t->total_steps = t->r.max_steps;
-  t->first_param = t->model.n_layers;
-  for (uint32_t i = 0; i < t->model.n_layers; i++)
-    if (t->model.layers[i].n_params) {
-      t->first_param = i;
-      break;
-    }
   if ((rc = check_ops(t, e))) goto fail;
 
   gs_exec_config cfg = {.threads = t->opt.threads > 0 ? t->opt.threads : 1, .device_index = 0};
@@ -1243,6 +1440,11 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
     goto fail;
   }
   t->ls = calloc(t->model.n_layers, sizeof *t->ls);
+  int grc = 0;
+  t->n_g = grad_slots(&t->model, t->mixed, &grc);
+  t->g = calloc(t->n_g + 1, sizeof *t->g);
+  t->gslot_busy = calloc(t->n_g + 1, sizeof *t->gslot_busy);
+  t->gslot_of = calloc(t->model.n_layers, sizeof *t->gslot_of);
   uint64_t per = gs_shape_elements(&t->model.input);
   uint32_t nb = t->r.batch_size;
   t->h_img = malloc((size_t)nb * per * sizeof(float));
@@ -1253,8 +1455,8 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
   t->perm = malloc((size_t)train->n * sizeof(uint64_t));
   t->host_bytes = (uint64_t)nb * per * sizeof(float) + (uint64_t)nb * 3 * sizeof(int32_t) +
                   (uint64_t)nb * sizeof(uint64_t) + train->n * sizeof(uint64_t);
-  if (!t->ls || !t->h_img || !t->h_lab || !t->h_pred || !t->h_loss || !t->eval_idx ||
-      !t->perm) {
+  if (!t->ls || grc || !t->g || !t->gslot_busy || !t->gslot_of || !t->h_img || !t->h_lab ||
+      !t->h_pred || !t->h_loss || !t->eval_idx || !t->perm) {
     rc = gs_err_set(e, GS_INTERNAL, "", "out of host memory for the batch staging");
     rc = -ENOMEM;
     goto fail;
@@ -1284,6 +1486,9 @@ void gs_train_destroy(gs_train *t) {
   if (t->ex) t->b->exec_destroy(t->ex);
   free(t->blocks);
   free(t->ls);
+  free(t->g);
+  free(t->gslot_busy);
+  free(t->gslot_of);
   free(t->h_img);
   free(t->h_lab);
   free(t->h_pred);

@@ -16,7 +16,7 @@
  *   activations per layer: its output (N, out) in the storage dtype, saved
  *               for backward (Flatten aliases its input and owns nothing; in
  *               FLOAT32 the last Dense writes the fp32 logits buffer directly)
- *   workspace   "job": two ping-pong activation-gradient buffers of the
+ *   workspace   "job": the backward pass's activation-gradient slots of the
  *               largest layer tensor, and one op scratch of the largest
  *               *_workspace query over the layers
  *   batch       "job": images (f32 staging + dt copy in mixed precision),
@@ -163,14 +163,14 @@ typedef enum gs_train_slot {
   GS_TSLOT_DLOGITS,     /* job: (N, K) fp32 */
   GS_TSLOT_LOSS,        /* job: (N) fp32 per-example loss */
   GS_TSLOT_PREDICTIONS, /* job: (N) int32 */
-  GS_TSLOT_ACT_GRAD,    /* job: activation-gradient ping-pong (index 0, 1) */
+  GS_TSLOT_ACT_GRAD,    /* job: activation-gradient slot (index 0, 1, ...) */
   GS_TSLOT_OP_WORKSPACE,/* job: op scratch (largest *_workspace query) */
   GS_TSLOT_LOSS_SCALE,  /* job: loss-scale state block */
 } gs_train_slot;
 
 typedef struct gs_train_buffer {
   const gs_layer *layer;  /* NULL: a job-wide buffer (tagged "job") */
-  uint32_t index;         /* parameter index (per-parameter slots) or ping-pong index */
+  uint32_t index;         /* parameter index (per-parameter slots) or gradient slot */
   gs_train_slot slot;
   gs_role role;
   char tensor[96];        /* "dense_1.kernel", "dense_1.output", "images", ... */

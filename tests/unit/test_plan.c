@@ -26,6 +26,7 @@
 #include "runtime/plan.h"
 #include "convert/spec_pb.h"
 #include "runtime/train.h"
+#include "tests/unit/test_train_util.h"
 
 static gs_backend *B;
 static gs_err e;
@@ -196,6 +197,41 @@ static void example_case(const char *name, uint32_t micro2, uint32_t accum2) {
 Test(plan, mlp_within_5_percent) { example_case("fashion-mlp", 32, 4); }
 Test(plan, cnn_within_5_percent) { example_case("fashion-cnn", 16, 8); }
 Test(plan, mobilenet_within_5_percent) { example_case("fashion-mobilenet", 32, 4); }
+
+/* A layer graph: a residual block, a downsampling block with a 1x1
+ * projection, a concat. Its gradients live in three slots, not two: the
+ * planner's count comes from the same walk the backward pass takes. */
+Test(plan, graph_within_5_percent) {
+  tspec *t = ts_new(28, 28, 1);
+  ts_conv(t, 8, 3, 1, true, true);
+  ts_name(t, "stem");
+  ts_conv(t, 8, 3, 1, true, true);
+  ts_conv(t, 8, 3, 1, true, false);
+  ts_add_layer(t, true);
+  ts_in(t, "conv2d_3", "stem", NULL);
+  ts_conv(t, 16, 3, 2, true, true);
+  ts_conv(t, 16, 3, 1, true, false);
+  ts_conv(t, 16, 1, 2, true, false);
+  ts_name(t, "proj");
+  ts_in(t, "add_1", NULL);
+  ts_add_layer(t, true);
+  ts_in(t, "conv2d_5", "proj", NULL);
+  ts_concat(t);
+  ts_in(t, "add_2", "proj", NULL);
+  ts_gap(t);
+  ts_dense(t, 10, false);
+  ts_recipe(t, 32, 1, 1, 1, GS_PRECISION_FLOAT32);
+  for (int i = 0; i < 3; i++) {
+    char label[128];
+    snprintf(label, sizeof label, "resnet-block %s", pnames[i]);
+    gs_job_spec v = with(&t->spec, 0, 0, precisions[i]);
+    plan_vs_measured(&v, label, NULL);
+    snprintf(label, sizeof label, "resnet-block %s 8x4", pnames[i]);
+    v = with(&t->spec, 8, 4, precisions[i]);
+    plan_vs_measured(&v, label, NULL);
+  }
+  free(t);
+}
 
 Test(plan, partial_test_batch_is_planned) {
   /* synthetic-small: test 512 examples; micro-batch 48 leaves a last test

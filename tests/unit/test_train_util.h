@@ -10,6 +10,7 @@
 #ifndef GS_TEST_TRAIN_UTIL_H
 #define GS_TEST_TRAIN_UTIL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,9 +19,12 @@
 
 #define TS_MAX_LAYERS 32
 
+#define TS_MAX_INPUTS 8
+
 typedef struct tspec {
   gs_job_spec spec;
   gs_spec_layer layer[TS_MAX_LAYERS];
+  const char *inputs[TS_MAX_LAYERS][TS_MAX_INPUTS];
 } tspec;
 
 static inline tspec *ts_new(uint32_t h, uint32_t w, uint32_t c) {
@@ -78,6 +82,29 @@ static inline void ts_pool(tspec *t, uint32_t pool, uint32_t stride) {
 static inline void ts_flatten(tspec *t) { ts_add(t, GS_LAYER_FLATTEN); }
 static inline void ts_gap(tspec *t) { ts_add(t, GS_LAYER_GLOBAL_AVERAGE_POOLING2D); }
 static inline void ts_relu(tspec *t) { ts_add(t, GS_LAYER_RELU); }
+
+static inline void ts_add_layer(tspec *t, bool relu) {
+  gs_spec_layer *l = ts_add(t, GS_LAYER_ADD);
+  l->activation = relu ? GS_ACTIVATION_RELU : GS_ACTIVATION_NONE;
+}
+static inline void ts_concat(tspec *t) { ts_add(t, GS_LAYER_CONCAT); }
+
+/* The last layer's name. */
+static inline void ts_name(tspec *t, const char *name) {
+  t->layer[t->spec.n_layers - 1].name = name;
+}
+
+/* The last layer's inputs, by name, up to a NULL. */
+static inline void ts_in(tspec *t, const char *first, ...) {
+  size_t i = t->spec.n_layers - 1, n = 0;
+  va_list ap;
+  va_start(ap, first);
+  for (const char *nm = first; nm && n < TS_MAX_INPUTS; nm = va_arg(ap, const char *))
+    t->inputs[i][n++] = nm;
+  va_end(ap);
+  t->layer[i].inputs = t->inputs[i];
+  t->layer[i].n_inputs = n;
+}
 
 static inline void ts_adam(tspec *t, float lr) {
   t->spec.has_optimizer = true;
