@@ -256,6 +256,62 @@ struct gs_backend {
                      size_t count);
   int (*accumulate)(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
 
+  /* ---- batch normalisation over channels: in, out (M, C) dt, where M =
+   *      N*H*W for NHWC images or N for flat features; gamma, beta (C) dt.
+   * Training (training = true): per channel c, over the M rows, the batch
+   * mean and then the biased variance var = mean((x - mean)^2), each summed
+   * in double over a split of the rows fixed by M (a GPU adds runs of at
+   * most 16 rows in fp32 first), so the result does not depend on the
+   * thread count; rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd *
+   * gamma + beta, from the fp32 mean and rstd it saves in mean (C) and
+   * rstd (C) f32 for the backward. running_mean, running_var (C) f32 are
+   * updated as PyTorch does: r = (1 - momentum) * r + momentum * stat,
+   * running_var from the unbiased variance var * M / (M - 1) (var itself
+   * when M = 1).
+   * Evaluation (training = false): out as above from running_mean and
+   * rstd = 1 / sqrt(running_var + eps); nothing else is written (mean and
+   * rstd may be NULL).
+   * The layer passes PyTorch's defaults, eps = 1e-5 and momentum = 0.1.
+   * ws: batchnorm_workspace(dt, m, c) bytes, for the forward (in either
+   * mode) and the backward alike. ---- */
+  size_t (*batchnorm_workspace)(gs_dtype dt, uint32_t m, uint32_t c);
+  int (*batchnorm_forward)(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                           float *running_mean, float *running_var, const void *in,
+                           const void *gamma, const void *beta, uint32_t m, uint32_t c,
+                           float eps, float momentum, bool training, void *ws);
+  /* The training backward, from in and the saved mean and rstd (xhat =
+   * (x - mean) * rstd recomputed): dgamma (C) f32 += sum over rows of dout *
+   * xhat, dbeta (C) f32 += sum of dout, and
+   * din (M, C) dt = gamma * rstd / M * (M * dout - sum(dout) - xhat *
+   * sum(dout * xhat)), overwritten (computed as gamma * rstd * (dout -
+   * sum(dout) / M - xhat * sum(dout * xhat) / M)); din may be NULL. The
+   * sums are taken as the forward's, over the same split of the rows. */
+  int (*batchnorm_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dgamma, float *dbeta,
+                            const void *dout, const void *in, const void *gamma,
+                            const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                            void *ws);
+
+  /* ---- layer normalisation over the last dimension: in, out (M, C) dt,
+   *      gamma, beta (C) dt. Per row r: mean and biased variance var of its
+   *      C values (the squares of x - mean summed after the mean; sums in
+   *      double on the cpu, fp32 on a GPU),
+   *      rstd = 1 / sqrt(var + eps), out = (x - mean) * rstd * gamma + beta;
+   *      mean (M) and rstd (M) f32 saved for the backward (either may be
+   *      NULL when no backward follows). The layer passes eps = 1e-5. ---- */
+  int (*layernorm_forward)(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                           const void *in, const void *gamma, const void *beta, uint32_t m,
+                           uint32_t c, float eps);
+  /* From in and the saved mean and rstd (xhat = (x - mean) * rstd), with
+   * g = dout * gamma per element: dgamma (C) f32 += sum over rows of dout *
+   * xhat, dbeta (C) f32 += sum of dout (double over a split of the rows
+   * fixed by M, as batchnorm's), din (M, C) dt = rstd * (g - mean_c(g) -
+   * xhat * mean_c(g * xhat)) per row, overwritten; din may be NULL.
+   * ws: layernorm_workspace(dt, m, c) bytes. */
+  size_t (*layernorm_workspace)(gs_dtype dt, uint32_t m, uint32_t c);
+  int (*layernorm_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dgamma, float *dbeta,
+                            const void *dout, const void *in, const void *gamma,
+                            const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                            void *ws);
   /* ==== the layer graph (cpu/cpu_backend.c, cuda/cuda_backend.cu) ==== */
 
   /* ---- rows x width bytes from src (rows spitch bytes apart) to dst (rows

@@ -633,6 +633,12 @@ static gs_backend cpu_backend = {
     /* normalisation and element-wise ops (cpu_norm.c) */
     .add_forward = gs_cpu_add_forward,
     .accumulate = gs_cpu_accumulate,
+    .batchnorm_workspace = gs_cpu_batchnorm_workspace,
+    .batchnorm_forward = gs_cpu_batchnorm_forward,
+    .batchnorm_backward = gs_cpu_batchnorm_backward,
+    .layernorm_forward = gs_cpu_layernorm_forward,
+    .layernorm_workspace = gs_cpu_layernorm_workspace,
+    .layernorm_backward = gs_cpu_layernorm_backward,
     /* the layer graph */
     .copy_2d = cpu_copy_2d,
 };

@@ -45,6 +45,10 @@ static double round_dt(gs_dtype dt, double v) {
   }
 }
 
+static double eps_dt(gs_dtype dt) {
+  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
+}
+
 /* x[i] = random values in [offset - scale, offset + scale), exact in dt */
 static void fill(gs_dtype dt, double *x, size_t n, double offset, double scale) {
   for (size_t i = 0; i < n; i++)
@@ -80,6 +84,12 @@ static double *dalloc(size_t n) {
   return p;
 }
 
+static float *falloc(size_t n) {
+  float *p = calloc(n + 1, sizeof *p);
+  cr_assert(p);
+  return p;
+}
+
 static gs_backend *B;
 static gs_exec *EX;  /* 2 threads */
 static gs_exec *EX1; /* 1 thread */
@@ -104,6 +114,38 @@ static void teardown_ex(void) {
   B->exec_destroy(EX);
   B->exec_destroy(EX1);
   B->exec_destroy(EX3);
+}
+
+/* exactly the bytes the query returned (NULL for 0), so overruns trip ASan */
+static void *ws_alloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
+
+static void expect_close(const char *what, const char *name, size_t i, double got, double ref,
+                         double abs_tol, double rel) {
+  double tol = abs_tol + fabs(ref) * rel;
+  cr_assert(fabs(got - ref) <= tol, "%s %s[%zu]: got %.9g, want %.9g (tol %.3g)", what, name, i,
+            got, ref, tol);
+}
+
+/* The double reference of an op as a scalar loss sum(out * R) of its
+ * inputs, for central differences: loss(ctx) reads the arrays the test
+ * perturbs. */
+typedef double (*loss_fn)(void *ctx);
+
+/* g[i] = d loss / d v[i], central differences with step h */
+static void fd_grad(loss_fn loss, void *ctx, double *v, size_t n, double h, double *g) {
+  for (size_t i = 0; i < n; i++) {
+    double keep = v[i];
+    v[i] = keep + h;
+    double lp = loss(ctx);
+    v[i] = keep - h;
+    double lm = loss(ctx);
+    v[i] = keep;
+    g[i] = (lp - lm) / (2 * h);
+  }
+}
+
+static void expect_bits(const char *what, const void *a, const void *b, size_t bytes) {
+  cr_assert(memcmp(a, b, bytes) == 0, "%s: not the same bits", what);
 }
 
 TestSuite(norm, .init = setup_ex, .fini = teardown_ex);
@@ -162,4 +204,305 @@ Test(norm, add_and_accumulate) {
     cr_assert_eq(B->accumulate(EX, dt, NULL, NULL, 0), 0);
     free(a), free(b), free(pa), free(pb), free(out), free(ref), free(ca), free(cb);
   }
+}
+
+/* ---- batch and layer normalisation ---- */
+
+/* One case of either norm, in double: in (M, C), gamma and beta (C), the
+ * loss weights R (M, C); ref_forward fills y and the statistics. */
+typedef struct norm_ref {
+  bool layer;            /* LayerNorm (per row) or BatchNorm (per channel) */
+  size_t m, c;
+  double eps;
+  double *x, *g, *b, *r;
+  double *y, *mean, *var; /* out (M, C); statistics (C) or (M), biased var */
+} norm_ref;
+
+static void norm_ref_init(norm_ref *t, bool layer, size_t m, size_t c, gs_dtype dt,
+                          double offset) {
+  memset(t, 0, sizeof *t);
+  t->layer = layer;
+  t->m = m;
+  t->c = c;
+  t->eps = 1e-5;
+  size_t ns = layer ? m : c;
+  t->x = dalloc(m * c), t->r = dalloc(m * c), t->y = dalloc(m * c);
+  t->g = dalloc(c), t->b = dalloc(c), t->mean = dalloc(ns), t->var = dalloc(ns);
+  fill(dt, t->x, m * c, offset, 1);
+  fill(dt, t->r, m * c, 0, 1);
+  fill(dt, t->g, c, 1, 0.5);
+  fill(dt, t->b, c, 0, 0.5);
+}
+
+static void norm_ref_free(norm_ref *t) {
+  free(t->x), free(t->r), free(t->y), free(t->g), free(t->b), free(t->mean), free(t->var);
+}
+
+static void norm_ref_forward(norm_ref *t) {
+  size_t m = t->m, c = t->c;
+  size_t ns = t->layer ? m : c, n = t->layer ? c : m; /* statistics, values in each */
+  for (size_t s = 0; s < ns; s++) {
+    double sum = 0, sq = 0;
+    for (size_t k = 0; k < n; k++)
+      sum += t->x[t->layer ? s * c + k : k * c + s];
+    double mu = sum / (double)n;
+    for (size_t k = 0; k < n; k++) {
+      double d = t->x[t->layer ? s * c + k : k * c + s] - mu;
+      sq += d * d;
+    }
+    t->mean[s] = mu;
+    t->var[s] = sq / (double)n;
+  }
+  for (size_t i = 0; i < m; i++)
+    for (size_t j = 0; j < c; j++) {
+      size_t s = t->layer ? i : j;
+      t->y[i * c + j] =
+          (t->x[i * c + j] - t->mean[s]) / sqrt(t->var[s] + t->eps) * t->g[j] + t->b[j];
+    }
+}
+
+static double norm_loss(void *ctx) {
+  norm_ref *t = ctx;
+  norm_ref_forward(t);
+  double l = 0;
+  for (size_t i = 0; i < t->m * t->c; i++)
+    l += t->y[i] * t->r[i];
+  return l;
+}
+
+/* What one run of an op gives: out and din in dt, the rest fp32. */
+typedef struct norm_out {
+  void *out, *din;
+  float *mean, *rstd, *rm, *rv, *dg, *db;
+} norm_out;
+
+static void norm_out_free(norm_out *o) {
+  free(o->out), free(o->din), free(o->mean), free(o->rstd), free(o->rm), free(o->rv);
+  free(o->dg), free(o->db);
+}
+
+/* Running statistics and gradients start from these (accumulation). */
+static float rm0(size_t i) { return 0.25f + 0.01f * (float)i; }
+static float rv0(size_t i) { return 1.5f - 0.001f * (float)i; }
+static const float DG0 = 0.5f, DB0 = -0.25f;
+
+/* The op on ex in dt over t's inputs (rounded to dt): forward (training
+ * for BatchNorm), then backward with dout = R. */
+static void norm_run(gs_exec *ex, gs_dtype dt, const norm_ref *t, norm_out *o) {
+  size_t m = t->m, c = t->c, es = gs_dtype_size(dt), ns = t->layer ? m : c;
+  void *x = to_dt(dt, t->x, m * c), *g = to_dt(dt, t->g, c), *b = to_dt(dt, t->b, c);
+  void *d = to_dt(dt, t->r, m * c);
+  memset(o, 0, sizeof *o);
+  o->out = malloc(m * c * es + 1), o->din = malloc(m * c * es + 1);
+  o->mean = falloc(ns), o->rstd = falloc(ns), o->rm = falloc(c), o->rv = falloc(c);
+  o->dg = falloc(c), o->db = falloc(c);
+  for (size_t i = 0; i < c; i++) {
+    o->rm[i] = rm0(i), o->rv[i] = rv0(i);
+    o->dg[i] = DG0, o->db[i] = DB0;
+  }
+  void *ws;
+  if (t->layer) {
+    cr_assert_eq(B->layernorm_forward(ex, dt, o->out, o->mean, o->rstd, x, g, b, (uint32_t)m,
+                                      (uint32_t)c, (float)t->eps), 0);
+    ws = ws_alloc(B->layernorm_workspace(dt, (uint32_t)m, (uint32_t)c));
+    cr_assert_eq(B->layernorm_backward(ex, dt, o->din, o->dg, o->db, d, x, g, o->mean, o->rstd,
+                                       (uint32_t)m, (uint32_t)c, ws), 0);
+  } else {
+    ws = ws_alloc(B->batchnorm_workspace(dt, (uint32_t)m, (uint32_t)c));
+    cr_assert_eq(B->batchnorm_forward(ex, dt, o->out, o->mean, o->rstd, o->rm, o->rv, x, g, b,
+                                      (uint32_t)m, (uint32_t)c, (float)t->eps, 0.1f, true, ws),
+                 0);
+    cr_assert_eq(B->batchnorm_backward(ex, dt, o->din, o->dg, o->db, d, x, g, o->mean, o->rstd,
+                                       (uint32_t)m, (uint32_t)c, ws), 0);
+  }
+  free(x), free(g), free(b), free(d), free(ws);
+}
+
+/* fp32: forward and statistics against the double definition, every
+ * gradient against central differences. */
+static void norm_check_fp32(bool layer, size_t m, size_t c) {
+  norm_ref t;
+  norm_ref_init(&t, layer, m, c, GS_F32, 0.5);
+  norm_out o;
+  norm_run(EX, GS_F32, &t, &o);
+  char what[64];
+  snprintf(what, sizeof what, "%s M=%zu C=%zu", layer ? "layernorm" : "batchnorm", m, c);
+  norm_ref_forward(&t);
+  for (size_t i = 0; i < m * c; i++)
+    expect_close(what, "out", i, ((float *)o.out)[i], t.y[i], 1e-5, 1e-5);
+  for (size_t s = 0; s < (layer ? m : c); s++) {
+    expect_close(what, "mean", s, o.mean[s], t.mean[s], 1e-7, 1e-6);
+    expect_close(what, "rstd", s, o.rstd[s], 1 / sqrt(t.var[s] + t.eps), 0, 1e-6);
+  }
+  if (!layer)
+    for (size_t j = 0; j < c; j++) {
+      double unbiased = m > 1 ? t.var[j] * (double)m / (double)(m - 1) : t.var[j];
+      expect_close(what, "running_mean", j, o.rm[j], 0.9 * rm0(j) + 0.1 * t.mean[j], 1e-7, 1e-6);
+      expect_close(what, "running_var", j, o.rv[j], 0.9 * rv0(j) + 0.1 * unbiased, 1e-7, 1e-6);
+    }
+  double *fd = dalloc(m * c);
+  fd_grad(norm_loss, &t, t.x, m * c, 1e-4, fd);
+  for (size_t i = 0; i < m * c; i++)
+    expect_close(what, "din", i, ((float *)o.din)[i], fd[i], 1e-5, 1e-4);
+  fd_grad(norm_loss, &t, t.g, c, 1e-4, fd);
+  for (size_t j = 0; j < c; j++)
+    expect_close(what, "dgamma", j, (double)o.dg[j] - DG0, fd[j], 1e-6, 2e-6);
+  fd_grad(norm_loss, &t, t.b, c, 1e-4, fd);
+  for (size_t j = 0; j < c; j++)
+    expect_close(what, "dbeta", j, (double)o.db[j] - DB0, fd[j], 1e-6, 2e-6);
+  free(fd);
+  norm_out_free(&o);
+  norm_ref_free(&t);
+}
+
+/* 16-bit storage against fp32 on the same rounded inputs: the math is the
+ * same fp32 on the same values, so the statistics and the fp32 gradients
+ * have the same bits, and out and din differ by their final rounding. */
+static void norm_check_16(bool layer, size_t m, size_t c, gs_dtype dt) {
+  norm_ref t;
+  norm_ref_init(&t, layer, m, c, dt, 0.5);
+  norm_out a, b;
+  norm_run(EX, dt, &t, &a);
+  norm_run(EX, GS_F32, &t, &b);
+  char what[80];
+  snprintf(what, sizeof what, "%s M=%zu C=%zu (%s)", layer ? "layernorm" : "batchnorm", m, c,
+           gs_dtype_name(dt));
+  size_t ns = layer ? m : c;
+  expect_bits(what, a.mean, b.mean, ns * 4);
+  expect_bits(what, a.rstd, b.rstd, ns * 4);
+  expect_bits(what, a.rm, b.rm, c * 4);
+  expect_bits(what, a.rv, b.rv, c * 4);
+  expect_bits(what, a.dg, b.dg, c * 4);
+  expect_bits(what, a.db, b.db, c * 4);
+  for (size_t i = 0; i < m * c; i++) {
+    expect_close(what, "out", i, get_dt(dt, a.out, i), ((float *)b.out)[i], 1e-6, eps_dt(dt));
+    expect_close(what, "din", i, get_dt(dt, a.din, i), ((float *)b.din)[i], 1e-6, eps_dt(dt));
+  }
+  norm_out_free(&a);
+  norm_out_free(&b);
+  norm_ref_free(&t);
+}
+
+/* One thread and three: the same bits, every output. */
+static void norm_check_threads(bool layer, size_t m, size_t c, gs_dtype dt) {
+  norm_ref t;
+  norm_ref_init(&t, layer, m, c, dt, 0.5);
+  norm_out a, b;
+  norm_run(EX1, dt, &t, &a);
+  norm_run(EX3, dt, &t, &b);
+  char what[80];
+  snprintf(what, sizeof what, "%s M=%zu C=%zu (%s), 1 vs 3 threads",
+           layer ? "layernorm" : "batchnorm", m, c, gs_dtype_name(dt));
+  size_t ns = layer ? m : c, es = gs_dtype_size(dt);
+  expect_bits(what, a.out, b.out, m * c * es);
+  expect_bits(what, a.din, b.din, m * c * es);
+  expect_bits(what, a.mean, b.mean, ns * 4);
+  expect_bits(what, a.rstd, b.rstd, ns * 4);
+  expect_bits(what, a.rm, b.rm, c * 4);
+  expect_bits(what, a.rv, b.rv, c * 4);
+  expect_bits(what, a.dg, b.dg, c * 4);
+  expect_bits(what, a.db, b.db, c * 4);
+  norm_out_free(&a);
+  norm_out_free(&b);
+  norm_ref_free(&t);
+}
+
+/* M x C: odd, a single row or two, many chunks, C past the 512 block */
+static const size_t NORM_SHAPES[][2] = {{13, 7}, {2, 3}, {300, 5}, {3, 600}, {70, 1}};
+#define NNORM (sizeof NORM_SHAPES / sizeof NORM_SHAPES[0])
+
+Test(norm, batchnorm_fp32_forward_and_gradients) {
+  for (size_t i = 0; i < NNORM; i++)
+    norm_check_fp32(false, NORM_SHAPES[i][0], NORM_SHAPES[i][1]);
+}
+
+Test(norm, batchnorm_16bit_matches_fp32) {
+  for (size_t i = 0; i < NNORM; i++) {
+    norm_check_16(false, NORM_SHAPES[i][0], NORM_SHAPES[i][1], GS_F16);
+    norm_check_16(false, NORM_SHAPES[i][0], NORM_SHAPES[i][1], GS_BF16);
+  }
+}
+
+Test(norm, batchnorm_threads_same_bits) {
+  norm_check_threads(false, 3001, 37, GS_F32);
+  norm_check_threads(false, 3001, 37, GS_BF16);
+}
+
+/* 128 images of 28x28, values 100 + [-1, 1): the statistics of a large,
+ * offset batch within fp32 rounding of the double definition (a one-pass
+ * sum of squares would lose most digits of the variance here). */
+Test(norm, batchnorm_large_batch_accuracy) {
+  const size_t m = 128 * 28 * 28, c = 3;
+  norm_ref t;
+  norm_ref_init(&t, false, m, c, GS_F32, 100);
+  float *x = to_dt(GS_F32, t.x, m * c), *g = to_dt(GS_F32, t.g, c), *b = to_dt(GS_F32, t.b, c);
+  float *out = falloc(m * c), *mean = falloc(c), *rstd = falloc(c), *rm = falloc(c),
+        *rv = falloc(c);
+  void *ws = ws_alloc(B->batchnorm_workspace(GS_F32, m, c));
+  cr_assert_eq(B->batchnorm_forward(EX, GS_F32, out, mean, rstd, rm, rv, x, g, b, m, c, 1e-5f,
+                                    0.1f, true, ws),
+               0);
+  norm_ref_forward(&t);
+  for (size_t j = 0; j < c; j++) {
+    expect_close("large batch", "mean", j, mean[j], t.mean[j], 0, 1e-7);
+    expect_close("large batch", "rstd", j, rstd[j], 1 / sqrt(t.var[j] + 1e-5), 0, 1e-6);
+  }
+  free(x), free(g), free(b), free(out), free(mean), free(rstd), free(rm), free(rv), free(ws);
+  norm_ref_free(&t);
+}
+
+/* Evaluation: the running statistics normalise, nothing else changes;
+ * mean and rstd may be NULL. M = 1 in training: running_var takes the
+ * biased variance (0). */
+Test(norm, batchnorm_eval_and_single_row) {
+  const size_t m = 13, c = 7;
+  norm_ref t;
+  norm_ref_init(&t, false, m, c, GS_F32, 0.5);
+  float *x = to_dt(GS_F32, t.x, m * c), *g = to_dt(GS_F32, t.g, c), *b = to_dt(GS_F32, t.b, c);
+  float *out = falloc(m * c), *rm = falloc(c), *rv = falloc(c);
+  for (size_t j = 0; j < c; j++)
+    rm[j] = rm0(j), rv[j] = rv0(j);
+  void *ws = ws_alloc(B->batchnorm_workspace(GS_F32, m, c));
+  cr_assert_eq(B->batchnorm_forward(EX, GS_F32, out, NULL, NULL, rm, rv, x, g, b, m, c, 1e-5f,
+                                    0.1f, false, ws),
+               0);
+  for (size_t j = 0; j < c; j++) {
+    cr_assert_eq(rm[j], rm0(j), "running_mean[%zu] changed in evaluation", j);
+    cr_assert_eq(rv[j], rv0(j), "running_var[%zu] changed in evaluation", j);
+  }
+  for (size_t i = 0; i < m; i++)
+    for (size_t j = 0; j < c; j++) {
+      double want = (t.x[i * c + j] - rm0(j)) / sqrt((double)rv0(j) + 1e-5) * t.g[j] + t.b[j];
+      expect_close("batchnorm eval", "out", i * c + j, out[i * c + j], want, 1e-6, 1e-6);
+    }
+  free(ws);
+  ws = ws_alloc(B->batchnorm_workspace(GS_F32, 1, c));
+  float mean[7], rstd[7];
+  cr_assert_eq(B->batchnorm_forward(EX, GS_F32, out, mean, rstd, rm, rv, x, g, b, 1, c, 1e-5f,
+                                    0.1f, true, ws),
+               0);
+  for (size_t j = 0; j < c; j++) {
+    cr_assert_eq(mean[j], x[j]);
+    expect_close("batchnorm M=1", "running_var", j, rv[j], 0.9 * rv0(j), 1e-7, 1e-6);
+    expect_close("batchnorm M=1", "out", j, out[j], t.b[j], 1e-6, 0);
+  }
+  free(x), free(g), free(b), free(out), free(rm), free(rv), free(ws);
+  norm_ref_free(&t);
+}
+
+Test(norm, layernorm_fp32_forward_and_gradients) {
+  for (size_t i = 0; i < NNORM; i++)
+    norm_check_fp32(true, NORM_SHAPES[i][0], NORM_SHAPES[i][1]);
+}
+
+Test(norm, layernorm_16bit_matches_fp32) {
+  for (size_t i = 0; i < NNORM; i++) {
+    norm_check_16(true, NORM_SHAPES[i][0], NORM_SHAPES[i][1], GS_F16);
+    norm_check_16(true, NORM_SHAPES[i][0], NORM_SHAPES[i][1], GS_BF16);
+  }
+}
+
+Test(norm, layernorm_threads_same_bits) {
+  norm_check_threads(true, 3001, 37, GS_F32);
+  norm_check_threads(true, 3001, 37, GS_F16);
 }
