@@ -320,6 +320,28 @@ struct gs_backend {
    *      do not overlap; width <= both pitches. ---- */
   int (*copy_2d)(gs_exec *ex, void *dst, size_t dpitch, const void *src, size_t spitch,
                  size_t width, size_t rows);
+  /* ---- transformer ops: embeddings and causal self-attention
+   *      (cpu/cpu_attn.c, cuda/cuda_attn.cu) ----
+   * Token embedding: ids (ROWS) int32 in [0, V) (device), table (V, C) dt,
+   * out (ROWS, C) dt = table[ids], copied bit for bit (ROWS = N*T).
+   * Backward: dtable (V, C) f32 += the dout rows of each id, added in token
+   * order (so the two backends give the same bits, whatever the threads).
+   * An id outside [0, V): the cpu returns -EINVAL before writing anything;
+   * cuda (which cannot return it without a synchronisation) writes NaN for
+   * that row of out and leaves dtable without its row's contribution. */
+  int (*embedding_forward)(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
+                           const void *table, uint32_t rows, uint32_t v, uint32_t c);
+  int (*embedding_backward)(gs_exec *ex, gs_dtype dt, float *dtable, const void *dout,
+                            const int32_t *ids, uint32_t rows, uint32_t v, uint32_t c);
+  /* Learned position embedding: in (N, T, C) dt, pos (T, C) dt,
+   * out (N, T, C) dt = in + pos[t] (fp32 add, one rounding); out may alias
+   * in. Backward: dpos (T, C) f32 += the sum over N of dout, added in n
+   * order; din (N, T, C) dt = dout, bit for bit; din may be dout itself
+   * (nothing to copy) or NULL. */
+  int (*posembed_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *pos,
+                          uint32_t n, uint32_t t, uint32_t c);
+  int (*posembed_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dpos, const void *dout,
+                           uint32_t n, uint32_t t, uint32_t c);
 };
 
 /* The CPU backend: always available. */

@@ -641,6 +641,11 @@ static gs_backend cpu_backend = {
     .layernorm_backward = gs_cpu_layernorm_backward,
     /* the layer graph */
     .copy_2d = cpu_copy_2d,
+    /* transformer ops (cpu_attn.c) */
+    .embedding_forward = gs_cpu_embedding_forward,
+    .embedding_backward = gs_cpu_embedding_backward,
+    .posembed_forward = gs_cpu_posembed_forward,
+    .posembed_backward = gs_cpu_posembed_backward,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

@@ -256,5 +256,14 @@ int gs_cpu_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
                               const void *dout, const void *in, const void *gamma,
                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
                               void *ws);
+/* Transformer ops (cpu_attn.c). */
+int gs_cpu_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
+                             const void *table, uint32_t rows, uint32_t v, uint32_t c);
+int gs_cpu_embedding_backward(gs_exec *ex, gs_dtype dt, float *dtable, const void *dout,
+                              const int32_t *ids, uint32_t rows, uint32_t v, uint32_t c);
+int gs_cpu_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                            const void *pos, uint32_t n, uint32_t t, uint32_t c);
+int gs_cpu_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
+                             const void *dout, uint32_t n, uint32_t t, uint32_t c);
 
 #endif

@@ -295,6 +295,11 @@ static gs_backend cuda_backend = {
     /* .layernorm_backward = */ NULL,
     /* the layer graph */
     /* .copy_2d = */ cuda_copy_2d,
+    /* transformer ops (cuda_attn.cu) */
+    /* .embedding_forward = */ gs_cuda_embedding_forward,
+    /* .embedding_backward = */ gs_cuda_embedding_backward,
+    /* .posembed_forward = */ gs_cuda_posembed_forward,
+    /* .posembed_backward = */ gs_cuda_posembed_backward,
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {

@@ -154,4 +154,14 @@ int gs_cuda_col2im(gs_exec *ex, gs_dtype dt, const gs_conv_shape *s, const float
 int gs_cuda_fill_rows(gs_exec *ex, gs_dtype dt, void *out, const void *b, size_t rows,
                       size_t cols);
 
+/* ---- transformer ops (cuda_attn.cu) ---- */
+int gs_cuda_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
+                              const void *table, uint32_t rows, uint32_t v, uint32_t c);
+int gs_cuda_embedding_backward(gs_exec *ex, gs_dtype dt, float *dtable, const void *dout,
+                               const int32_t *ids, uint32_t rows, uint32_t v, uint32_t c);
+int gs_cuda_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                             const void *pos, uint32_t n, uint32_t t, uint32_t c);
+int gs_cuda_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
+                              const void *dout, uint32_t n, uint32_t t, uint32_t c);
+
 #endif

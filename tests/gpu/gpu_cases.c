@@ -943,6 +943,126 @@ static int case_mlp(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- transformer ops: embeddings ---- */
+
+/* The gradients are sums in token (n) order on both devices, plain fp32
+ * additions: bit for bit, as are the copies and the single add of the
+ * forwards. */
+static void embedding_one(tc *t, gs_dtype dt, uint32_t rows, uint32_t v, uint32_t c) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt), nt = (size_t)v * c, no = (size_t)rows * c;
+  void *tab = hrand(t, dt, nt, 1), *dout = hrand(t, dt, no, 1);
+  float *dtab0 = hrand(t, GS_F32, nt, 1);
+  int32_t *ids = halloc(t, (size_t)rows * 4 + 4);
+  void *out = halloc(t, no * es);
+  float *dtab = hdup(t, dtab0, nt * 4);
+  if (t->err)
+    return;
+  for (uint32_t i = 0; i < rows; i++) { /* skewed: low ids often, id v-1 never */
+    urand();
+    uint32_t r = (uint32_t)(rng >> 20);
+    ids[i] = (int32_t)(v > 1 ? (r % 3 ? r % (v - 1) : r % ((v + 3) / 4)) : 0);
+  }
+  tc_call(t, "cpu embedding_forward", C->embedding_forward(CX, dt, out, ids, tab, rows, v, c));
+  tc_call(t, "cpu embedding_backward",
+          C->embedding_backward(CX, dt, dtab, dout, ids, rows, v, c));
+  void *gtab = dput(t, tab, nt * es), *gdout = dput(t, dout, no * es);
+  int32_t *gids = dput(t, ids, (size_t)rows * 4);
+  void *gout = dput(t, NULL, no * es);
+  float *gdtab = dput(t, dtab0, nt * 4);
+  if (t->err)
+    return;
+  tc_call(t, "gpu embedding_forward", G->embedding_forward(GX, dt, gout, gids, gtab, rows, v, c));
+  tc_call(t, "gpu embedding_backward",
+          G->embedding_backward(GX, dt, gdtab, gdout, gids, rows, v, c));
+  cmp_bits(t, "embedding out", out, dget(t, gout, no * es), no * es, es);
+  cmp_bits(t, "embedding dtable", dtab, dget(t, gdtab, nt * 4), nt * 4, 4);
+  if (rows < 2)
+    return;
+  /* an id out of range (the cpu refuses it): the gpu writes NaN for that
+   * row and leaves its dout out of dtable, here the cpu's sums with that
+   * token's dout row zero (x + 0 is x, bit for bit, for the non-zero x) */
+  uint32_t bad = rows / 2;
+  int32_t *ids2 = hdup(t, ids, (size_t)rows * 4);
+  void *dout2 = hdup(t, dout, no * es);
+  float *dtab2 = hdup(t, dtab0, nt * 4);
+  if (t->err)
+    return;
+  memset((char *)dout2 + (size_t)bad * c * es, 0, (size_t)c * es);
+  tc_call(t, "cpu embedding_backward",
+          C->embedding_backward(CX, dt, dtab2, dout2, ids2, rows, v, c));
+  ids2[bad] = (int32_t)v;
+  int32_t *gids2 = dput(t, ids2, (size_t)rows * 4);
+  float *gdtab2 = dput(t, dtab0, nt * 4);
+  if (t->err)
+    return;
+  tc_call(t, "gpu embedding_forward (bad id)",
+          G->embedding_forward(GX, dt, gout, gids2, gtab, rows, v, c));
+  tc_call(t, "gpu embedding_backward (bad id)",
+          G->embedding_backward(GX, dt, gdtab2, gdout, gids2, rows, v, c));
+  void *o2 = dget(t, gout, no * es);
+  if (t->err || !o2)
+    return;
+  for (uint32_t q = 0; q < c; q++)
+    if (!isnan(get_dt(dt, o2, (size_t)bad * c + q)))
+      fail(t, "%s embedding out[%u, %u] for id %u of %u: %g, want NaN", gs_dtype_name(dt), bad, q,
+           v, v, get_dt(dt, o2, (size_t)bad * c + q));
+  cmp_bits(t, "embedding out (other rows)", out, o2, (size_t)bad * c * es, es);
+  cmp_bits(t, "embedding dtable (bad id)", dtab2, dget(t, gdtab2, nt * 4), nt * 4, 4);
+}
+
+static int case_embedding(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  embedding_one(t, dt, 21, 13, 7);
+  embedding_one(t, dt, 1, 1, 3);
+  embedding_one(t, dt, 300, 97, 131); /* several tiles, row blocks, channel blocks */
+  embedding_one(t, dt, 4096, 2000, 64);
+  return tc_end(t);
+}
+
+static void posembed_one(tc *t, gs_dtype dt, uint32_t n, uint32_t tt, uint32_t c) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt), tc_ = (size_t)tt * c, all = tc_ * n;
+  void *in = hrand(t, dt, all, 1), *pos = hrand(t, dt, tc_, 1), *dout = hrand(t, dt, all, 1);
+  float *dpos0 = hrand(t, GS_F32, tc_, 1);
+  void *out = halloc(t, all * es), *din = halloc(t, all * es);
+  float *dpos = hdup(t, dpos0, tc_ * 4);
+  if (t->err)
+    return;
+  tc_call(t, "cpu posembed_forward", C->posembed_forward(CX, dt, out, in, pos, n, tt, c));
+  tc_call(t, "cpu posembed_backward", C->posembed_backward(CX, dt, din, dpos, dout, n, tt, c));
+  void *gin = dput(t, in, all * es), *gpos = dput(t, pos, tc_ * es);
+  void *gdout = dput(t, dout, all * es), *gout = dput(t, NULL, all * es);
+  void *gdin = dput(t, NULL, all * es);
+  float *gdpos = dput(t, dpos0, tc_ * 4);
+  if (t->err)
+    return;
+  tc_call(t, "gpu posembed_forward", G->posembed_forward(GX, dt, gout, gin, gpos, n, tt, c));
+  tc_call(t, "gpu posembed_backward", G->posembed_backward(GX, dt, gdin, gdpos, gdout, n, tt, c));
+  cmp_bits(t, "posembed out", out, dget(t, gout, all * es), all * es, es);
+  cmp_bits(t, "posembed din", din, dget(t, gdin, all * es), all * es, es);
+  cmp_bits(t, "posembed dpos", dpos, dget(t, gdpos, tc_ * 4), tc_ * 4, 4);
+  /* in place (out is in, din is dout) */
+  tc_call(t, "gpu posembed_forward (in place)",
+          G->posembed_forward(GX, dt, gin, gin, gpos, n, tt, c));
+  tc_call(t, "gpu posembed_backward (din is dout)",
+          G->posembed_backward(GX, dt, gdout, gdpos, gdout, n, tt, c));
+  cmp_bits(t, "posembed out (in place)", out, dget(t, gin, all * es), all * es, es);
+  cmp_bits(t, "posembed dout (din is dout)", dout, dget(t, gdout, all * es), all * es, es);
+}
+
+static int case_posembed(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  posembed_one(t, dt, 3, 7, 13);
+  posembed_one(t, dt, 1, 1, 5);
+  posembed_one(t, dt, 8, 256, 96);
+  return tc_end(t);
+}
+
 /* ---- the table ---- */
 
 /* ==== normalisation and element-wise ops (cpu_norm.c, cuda_norm.cu) ==== */
@@ -976,6 +1096,8 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"mlp_trajectory", case_mlp, true},
     /* normalisation and element-wise ops */
     {"add", case_add, true},
+    /* transformer ops */
+    {"embedding", case_embedding, true}, {"posembed", case_posembed, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

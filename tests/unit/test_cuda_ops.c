@@ -51,3 +51,5 @@ Test(cuda_ops, adam) { run("adam", false); }
 Test(cuda_ops, mlp_trajectory) { run("mlp_trajectory", true); }
 /* normalisation and element-wise ops */
 Test(cuda_ops, add) { run("add", true); }
+Test(cuda_ops, embedding) { run("embedding", true); }
+Test(cuda_ops, posembed) { run("posembed", true); }

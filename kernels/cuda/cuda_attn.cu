@@ -1,0 +1,243 @@
+/*
+ * cuda_attn.cu: the `cuda` backend's transformer ops: token and learned
+ * position embeddings.
+ *
+ * Storage as in cuda_ops.cu: templates over the storage type, fp32 math,
+ * one rounding to nearest even on store, the CPU's bits for every number.
+ *
+ * No float atomics, so every result is the same bits run after run, and
+ * the same as the cpu backend's where the math is only additions:
+ *  - the token embedding's gradient is a sum over the tokens of each id.
+ *    One block owns GS_EMB_ROWS vocabulary rows x 128 channels of dtable;
+ *    it scans all ids in order, a tile at a time, compacts the tokens of
+ *    its rows into a list that keeps their order (a warp ballot and the
+ *    warps' counts), and each thread adds its channel of those tokens'
+ *    dout rows onto its own accumulators, which start from dtable. So
+ *    every element is dtable + d_first + d_second + ..., in token order,
+ *    as on the CPU. Each block reads all ids (V / GS_EMB_ROWS x C / 128
+ *    blocks of ROWS ids, from L2); a faster version would sort the ids
+ *    once (a stable radix sort of (id, token)) and give each block its
+ *    segment, which needs a workspace the planner can size from CUB's
+ *    bound.
+ *  - the position embedding's gradient: one thread per (t, c) adds dout
+ *    over n in order.
+ */
+#include <errno.h>
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+namespace {
+
+/* ---- storage types: the loads and stores of cuda_ops.cu ---- */
+
+__device__ __forceinline__ float f16_load(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) /* NaN: as gs_f16_to_f32 */
+    return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
+                           ((uint32_t)(h & 0x3ffu) << 13));
+  return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ uint16_t f16_store(float f) {
+  uint32_t x = __float_as_uint(f), a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) /* NaN: as gs_f32_to_f16 */
+    return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((a >> 13) & 0x3ffu));
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+__device__ __forceinline__ float bf16_load(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t bf16_store(float f) { /* as gs_f32_to_bf16 */
+  uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((x >> 16) | 0x40u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+template <int DT> struct st;
+template <> struct st<GS_F32> {
+  typedef float T;
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+template <> struct st<GS_F16> {
+  typedef uint16_t T;
+  static __device__ __forceinline__ float load(uint16_t v) { return f16_load(v); }
+  static __device__ __forceinline__ uint16_t store(float v) { return f16_store(v); }
+};
+template <> struct st<GS_BF16> {
+  typedef uint16_t T;
+  static __device__ __forceinline__ float load(uint16_t v) { return bf16_load(v); }
+  static __device__ __forceinline__ uint16_t store(float v) { return bf16_store(v); }
+};
+
+#define GS_ATTN_DT_SWITCH(dt, D, ...)                                                             \
+  switch (dt) {                                                                                   \
+  case GS_F32: {                                                                                  \
+    constexpr int D = GS_F32;                                                                     \
+    __VA_ARGS__;                                                                                  \
+  } break;                                                                                        \
+  case GS_F16: {                                                                                  \
+    constexpr int D = GS_F16;                                                                     \
+    __VA_ARGS__;                                                                                  \
+  } break;                                                                                        \
+  default: {                                                                                      \
+    constexpr int D = GS_BF16;                                                                    \
+    __VA_ARGS__;                                                                                  \
+  } break;                                                                                        \
+  }
+
+#define GS_ATTN_GRID_STRIDE(i, count)                                                             \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);                     \
+       i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- token embedding ---- */
+
+/* out[i, c] = table[ids[i], c], the stored bits; NaN for an id outside
+ * [0, V) (the CPU refuses those with -EINVAL). */
+template <int D>
+__global__ void emb_fwd_k(typename st<D>::T *out, const int32_t *ids,
+                          const typename st<D>::T *table, uint32_t rows, uint32_t v, uint32_t c) {
+  size_t count = (size_t)rows * c;
+  GS_ATTN_GRID_STRIDE(i, count) {
+    size_t r = i / c, q = i - r * c;
+    int32_t id = ids[r];
+    out[i] = id >= 0 && (uint32_t)id < v ? table[(size_t)id * c + q]
+                                         : st<D>::store(__int_as_float(0x7fc00000));
+  }
+}
+
+#define GS_EMB_ROWS 32     /* vocabulary rows one block owns */
+#define GS_EMB_THREADS 128 /* channels one block owns, one a thread; ids a tile */
+
+/* dtable rows [v0, v0 + GS_EMB_ROWS) x channels [c0, c0 + 128) += the dout
+ * rows of their tokens, in token order */
+template <int D>
+__global__ void __launch_bounds__(GS_EMB_THREADS)
+    emb_bwd_k(float *dtable, const typename st<D>::T *dout, const int32_t *ids, uint32_t rows,
+              uint32_t v, uint32_t c) {
+  __shared__ float acc[GS_EMB_ROWS][GS_EMB_THREADS]; /* column threadIdx.x is that thread's */
+  __shared__ uint32_t list[GS_EMB_THREADS];          /* this tile's tokens of these rows */
+  __shared__ uint8_t slot[GS_EMB_THREADS];           /* and their rows, less v0 */
+  __shared__ uint32_t warp_n[GS_EMB_THREADS / 32];
+  __shared__ uint8_t hit[GS_EMB_ROWS];               /* a token of the row was seen */
+  const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const uint32_t v0 = blockIdx.x * GS_EMB_ROWS, col = blockIdx.y * GS_EMB_THREADS + tid;
+  const uint32_t nrows = v - v0 < GS_EMB_ROWS ? v - v0 : GS_EMB_ROWS;
+  for (uint32_t r = 0; r < nrows; r++)
+    acc[r][tid] = col < c ? dtable[(size_t)(v0 + r) * c + col] : 0.0f;
+  if (tid < GS_EMB_ROWS)
+    hit[tid] = 0;
+  __syncthreads();
+  for (uint32_t base = 0; base < rows; base += GS_EMB_THREADS) {
+    uint32_t i = base + tid;
+    int32_t id = i < rows ? ids[i] : -1;
+    bool mine = id >= 0 && (uint32_t)id >= v0 && (uint32_t)id - v0 < nrows;
+    unsigned m = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0)
+      warp_n[warp] = (uint32_t)__popc(m);
+    __syncthreads();
+    uint32_t off = 0, total = 0;
+    for (unsigned w = 0; w < GS_EMB_THREADS / 32; w++) {
+      off += w < warp ? warp_n[w] : 0;
+      total += warp_n[w];
+    }
+    if (mine) {
+      uint32_t at = off + (uint32_t)__popc(m & ((1u << lane) - 1u));
+      list[at] = i;
+      slot[at] = (uint8_t)((uint32_t)id - v0);
+      hit[(uint32_t)id - v0] = 1; /* every writer stores 1 */
+    }
+    __syncthreads();
+    if (col < c)
+      for (uint32_t k = 0; k < total; k++)
+        acc[slot[k]][tid] += st<D>::load(dout[(size_t)list[k] * c + col]);
+    __syncthreads(); /* list, slot and warp_n are the next tile's */
+  }
+  if (col < c)
+    for (uint32_t r = 0; r < nrows; r++)
+      if (hit[r])
+        dtable[(size_t)(v0 + r) * c + col] = acc[r][tid];
+}
+
+/* ---- learned position embedding ---- */
+
+template <int D>
+__global__ void pos_fwd_k(typename st<D>::T *out, const typename st<D>::T *in,
+                          const typename st<D>::T *pos, size_t count, size_t tc) {
+  GS_ATTN_GRID_STRIDE(i, count) {
+    out[i] = st<D>::store(st<D>::load(in[i]) + st<D>::load(pos[i % tc]));
+  }
+}
+
+/* dpos[j] += dout[s * tc + j] for s = 0 .. n-1, in order */
+template <int D>
+__global__ void pos_bwd_k(float *dpos, const typename st<D>::T *dout, uint32_t n, size_t tc) {
+  GS_ATTN_GRID_STRIDE(j, tc) {
+    float a = dpos[j];
+    for (uint32_t s = 0; s < n; s++)
+      a += st<D>::load(dout[(size_t)s * tc + j]);
+    dpos[j] = a;
+  }
+}
+
+} // namespace
+
+int gs_cuda_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
+                              const void *table, uint32_t rows, uint32_t v, uint32_t c) {
+  int rc = gs_cuda_enter(ex);
+  size_t count = (size_t)rows * c;
+  if (rc || count == 0)
+    return rc;
+  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+                    emb_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                        (T *)out, ids, (const T *)table, rows, v, c));
+  return GS_LAUNCHED("embedding_forward");
+}
+
+int gs_cuda_embedding_backward(gs_exec *ex, gs_dtype dt, float *dtable, const void *dout,
+                               const int32_t *ids, uint32_t rows, uint32_t v, uint32_t c) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || rows == 0 || v == 0 || c == 0)
+    return rc;
+  size_t gy = ((size_t)c + GS_EMB_THREADS - 1) / GS_EMB_THREADS;
+  if (gy > 65535)
+    return -EINVAL; /* 8 million channels: no such table */
+  dim3 grid((v + GS_EMB_ROWS - 1) / GS_EMB_ROWS, (unsigned)gy);
+  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+                    emb_bwd_k<D><<<grid, GS_EMB_THREADS, 0, ex->stream>>>(
+                        dtable, (const T *)dout, ids, rows, v, c));
+  return GS_LAUNCHED("embedding_backward");
+}
+
+int gs_cuda_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                             const void *pos, uint32_t n, uint32_t t, uint32_t c) {
+  int rc = gs_cuda_enter(ex);
+  size_t tc = (size_t)t * c, count = tc * n;
+  if (rc || count == 0)
+    return rc;
+  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+                    pos_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                        (T *)out, (const T *)in, (const T *)pos, count, tc));
+  return GS_LAUNCHED("posembed_forward");
+}
+
+int gs_cuda_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
+                              const void *dout, uint32_t n, uint32_t t, uint32_t c) {
+  int rc = gs_cuda_enter(ex);
+  size_t tc = (size_t)t * c;
+  if (rc || tc == 0 || n == 0)
+    return rc;
+  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+                    pos_bwd_k<D><<<gs_cuda_blocks(tc), 256, 0, ex->stream>>>(
+                        dpos, (const T *)dout, n, tc));
+  if ((rc = GS_LAUNCHED("posembed_backward")))
+    return rc;
+  if (din && din != dout)
+    rc = GS_CU(cudaMemcpyAsync(din, dout, tc * n * gs_dtype_size(dt), cudaMemcpyDeviceToDevice,
+                               ex->stream));
+  return rc;
+}
