@@ -342,6 +342,29 @@ struct gs_backend {
                           uint32_t n, uint32_t t, uint32_t c);
   int (*posembed_backward)(gs_exec *ex, gs_dtype dt, void *din, float *dpos, const void *dout,
                            uint32_t n, uint32_t t, uint32_t c);
+  /* Causal multi-head self-attention, the core between the projections
+   * (H heads of D channels; HD = H*D):
+   *   qkv (N, T, 3*HD) dt: q | k | v, head h's q at columns h*D .. h*D+D-1,
+   *       its k at HD + h*D, its v at 2*HD + h*D (llm.c's layout, and
+   *       PyTorch's nn.MultiheadAttention in_proj);
+   *   probs (N, H, T, T) f32, written by the forward, kept for the backward:
+   *       row t = softmax over s <= t of q_t . k_s / sqrt(D) (max
+   *       subtracted, fp32 whatever dt), exactly 0 for s > t;
+   *   out (N, T, HD) dt: out_t of head h = sum over s of probs[t][s] v_s.
+   * Backward: dqkv (N, T, 3*HD) dt OVERWRITTEN from dout (N, T, HD), qkv
+   * and probs: dv_s = sum_t probs[t][s] dout_t; dP = dout_t . v_s;
+   * dS = probs * (dP - sum_s probs dP); dq_t = dS_t . k / sqrt(D);
+   * dk_s = sum_t dS[t][s] q_t / sqrt(D). A masked (t, s) adds nothing to
+   * any gradient. ws: attention_workspace(dt, n, t, heads, head_size)
+   * bytes, for the forward and the backward alike. */
+  size_t (*attention_workspace)(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
+                                uint32_t head_size);
+  int (*attention_forward)(gs_exec *ex, gs_dtype dt, void *out, float *probs, const void *qkv,
+                           uint32_t n, uint32_t t, uint32_t heads, uint32_t head_size,
+                           void *ws);
+  int (*attention_backward)(gs_exec *ex, gs_dtype dt, void *dqkv, const void *dout,
+                            const void *qkv, const float *probs, uint32_t n, uint32_t t,
+                            uint32_t heads, uint32_t head_size, void *ws);
 };
 
 /* The CPU backend: always available. */

@@ -1,6 +1,6 @@
 /*
  * cpu_attn.c: the transformer ops of the cpu backend: token and learned
- * position embeddings.
+ * position embeddings, and the core of causal multi-head self-attention.
  *
  * Embeddings move rows: the forward copies table rows (token) or adds a
  * position row (position), split over rows across the job's threads. Their
@@ -11,8 +11,31 @@
  * token order (position: in n order), the order one thread would take and
  * the CUDA kernels take too, so the bits depend neither on the threads nor
  * on the device.
+ *
+ * Attention runs each (n, h) pair on one thread, pairs spread over the
+ * job's threads, in blocks of GS_CPU_ATTN_RB query rows: the scores of a
+ * block against the keys it may see (rows t0..t1-1 x columns 0..t1-1, so
+ * the GEMMs skip most of the masked upper triangle) are one cblas_sgemm
+ * straight into probs, the masked softmax rewrites them in place, and
+ * out = probs . v is a second. The backward walks the same blocks: dP =
+ * dout . v^T into a block of scratch, turned into dS in place, then dv +=
+ * probs^T . dout, dq = dS . k / sqrt(D) and dk += dS^T . q / sqrt(D). fp32
+ * storage reads q, k, v and dout and writes out and dqkv where they are
+ * (the GEMMs take the row stride 3*H*D); 16-bit storage stages the pair's
+ * q, k, v (and dout, and the gradients) as fp32 in scratch and rounds once
+ * on store. Every pair is computed the same way whichever thread takes
+ * it, so the bits do not depend on the thread count.
+ *
+ * Scratch: at most GS_CPU_ATTN_SLOTS pairs run at once, each with a slot of
+ * the workspace (a part of the split takes the slot of its first index):
+ * RB x T floats for dP, plus 7 x T x D for the 16-bit staging. The
+ * workspace is a function of the shape alone, as the planner needs, and a
+ * small one: probs, which the runtime keeps, is the tensor that grows with
+ * T^2. One pair uses one thread: a job with fewer pairs than threads (one
+ * sample of one head) leaves threads idle here.
  */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
@@ -203,5 +226,228 @@ int gs_cpu_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
   gs_cpu_parallel(ex, blocks, emb_grain(blocks, tc * n), pos_bwd_part, &j);
   if (din && din != dout)
     memmove(din, dout, tc * n * gs_dtype_size(dt));
+  return 0;
+}
+
+/* ---- causal multi-head self-attention ---- */
+
+/* Query rows per block of the GEMMs, and (n, h) pairs in flight at most,
+ * one workspace slot each. */
+#define GS_CPU_ATTN_RB 64
+#define GS_CPU_ATTN_SLOTS 32
+
+static size_t attn_slots(uint32_t n, uint32_t heads) {
+  size_t pairs = (size_t)n * heads;
+  return pairs < GS_CPU_ATTN_SLOTS ? pairs : GS_CPU_ATTN_SLOTS;
+}
+
+/* floats of one slot, rounded to 64 bytes */
+static size_t attn_slot_floats(gs_dtype dt, uint32_t t, uint32_t d) {
+  size_t rb = t < GS_CPU_ATTN_RB ? t : GS_CPU_ATTN_RB;
+  size_t f = rb * t + (dt == GS_F32 ? 0 : (size_t)7 * t * d);
+  return (f + 15) / 16 * 16;
+}
+
+size_t gs_cpu_attention_workspace(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
+                                  uint32_t head_size) {
+  if ((size_t)n * t * heads * head_size == 0)
+    return 0;
+  return sizeof(float) * attn_slots(n, heads) * attn_slot_floats(dt, t, head_size);
+}
+
+struct attn_job {
+  gs_dtype dt;
+  void *out;           /* forward: (N, T, HD) */
+  float *probs_out;    /* forward: written */
+  const float *probs;  /* backward: read */
+  const void *qkv;     /* (N, T, 3HD) */
+  void *dqkv;          /* backward: (N, T, 3HD) */
+  const void *dout;    /* backward: (N, T, HD) */
+  uint32_t n, t, h, d;
+  size_t slots, slot_floats;
+  float *ws;
+};
+
+/* One pair's operands as fp32 matrices with a row stride: where they are
+ * (fp32) or staged in the slot (16-bit). */
+struct attn_pair {
+  const float *q, *k, *v; /* (T, D) each, row stride ld */
+  const float *dout;      /* (T, D), row stride ldo */
+  float *o;               /* forward: (T, D), row stride ldo */
+  float *dq, *dk, *dv;    /* backward: (T, D), row stride ld */
+  size_t ld, ldo;
+  float *w;               /* RB x T scratch, row stride T */
+};
+
+/* rows 0..t-1 of the (T, D) block at column `col` of a (rows, width) dt
+ * matrix of sample bn, as fp32 (T, D) at dst */
+static void attn_stage_in(const struct attn_job *j, const void *src, size_t width, size_t col,
+                          uint32_t bn, float *dst) {
+  for (size_t s = 0; s < j->t; s++)
+    gs_cpu_load_f32(j->dt, gs_cpu_at(j->dt, src, ((size_t)bn * j->t + s) * width + col),
+                    dst + s * j->d, j->d);
+}
+
+static void attn_stage_out(const struct attn_job *j, void *dst, size_t width, size_t col,
+                           uint32_t bn, const float *src) {
+  for (size_t s = 0; s < j->t; s++)
+    gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, dst, ((size_t)bn * j->t + s) * width + col),
+                     src + s * j->d, j->d);
+}
+
+/* Pair (bn, bh)'s operands. Slot layout (16-bit): w (RB x T), then q, k, v,
+ * dout, dq, dk, dv (T x D each); the forward's out takes dout's place. */
+static struct attn_pair attn_pair_of(const struct attn_job *j, uint32_t bn, uint32_t bh,
+                                     float *slot, bool backward) {
+  size_t hd = (size_t)j->h * j->d, ld3 = 3 * hd, col = (size_t)bh * j->d;
+  size_t td = (size_t)j->t * j->d;
+  struct attn_pair a = {.w = slot};
+  if (j->dt == GS_F32) {
+    const float *base = (const float *)j->qkv + (size_t)bn * j->t * ld3 + col;
+    a.q = base, a.k = base + hd, a.v = base + 2 * hd, a.ld = ld3, a.ldo = hd;
+    if (backward) {
+      a.dout = (const float *)j->dout + (size_t)bn * j->t * hd + col;
+      a.dq = (float *)j->dqkv + (size_t)bn * j->t * ld3 + col;
+      a.dk = a.dq + hd, a.dv = a.dq + 2 * hd;
+    } else {
+      a.o = (float *)j->out + (size_t)bn * j->t * hd + col;
+    }
+    return a;
+  }
+  size_t rb = j->t < GS_CPU_ATTN_RB ? j->t : GS_CPU_ATTN_RB;
+  float *p = slot + rb * j->t;
+  float *q = p, *k = p + td, *v = p + 2 * td, *o = p + 3 * td;
+  attn_stage_in(j, j->qkv, ld3, col, bn, q);
+  attn_stage_in(j, j->qkv, ld3, hd + col, bn, k);
+  attn_stage_in(j, j->qkv, ld3, 2 * hd + col, bn, v);
+  a.q = q, a.k = k, a.v = v, a.ld = j->d, a.ldo = j->d;
+  if (backward) {
+    attn_stage_in(j, j->dout, hd, col, bn, o);
+    a.dout = o;
+    a.dq = p + 4 * td, a.dk = p + 5 * td, a.dv = p + 6 * td;
+  } else {
+    a.o = o;
+  }
+  return a;
+}
+
+/* row[0..n) = softmax(row[0..n)), max subtracted; row[n..len) = 0 */
+static void attn_softmax_row(float *row, size_t n, size_t len) {
+  float mx = row[0];
+  for (size_t i = 1; i < n; i++)
+    if (row[i] > mx)
+      mx = row[i];
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    float e = expf(row[i] - mx);
+    row[i] = e;
+    sum += e;
+  }
+  float inv = 1.0f / sum;
+  for (size_t i = 0; i < n; i++)
+    row[i] *= inv;
+  memset(row + n, 0, (len - n) * sizeof(float));
+}
+
+static void attn_fwd_pair(const struct attn_job *j, size_t pair, float *slot) {
+  uint32_t bn = (uint32_t)(pair / j->h), bh = (uint32_t)(pair % j->h);
+  struct attn_pair a = attn_pair_of(j, bn, bh, slot, false);
+  size_t T = j->t, D = j->d;
+  float *P = j->probs_out + pair * T * T;
+  float scale = 1.0f / sqrtf((float)D);
+  for (size_t t0 = 0; t0 < T; t0 += GS_CPU_ATTN_RB) {
+    size_t t1 = t0 + GS_CPU_ATTN_RB < T ? t0 + GS_CPU_ATTN_RB : T, m = t1 - t0;
+    /* scores of rows t0..t1-1 against keys 0..t1-1 */
+    gs_cpu_sgemm_here(false, true, m, t1, D, scale, a.q + t0 * a.ld, a.ld, a.k, a.ld, 0.0f,
+                      P + t0 * T, T);
+    for (size_t r = t0; r < t1; r++)
+      attn_softmax_row(P + r * T, r + 1, T);
+    gs_cpu_sgemm_here(false, false, m, D, t1, 1.0f, P + t0 * T, T, a.v, a.ld, 0.0f,
+                      a.o + t0 * a.ldo, a.ldo);
+  }
+  if (j->dt != GS_F32)
+    attn_stage_out(j, j->out, (size_t)j->h * D, (size_t)bh * D, bn, a.o);
+}
+
+static void attn_bwd_pair(const struct attn_job *j, size_t pair, float *slot) {
+  uint32_t bn = (uint32_t)(pair / j->h), bh = (uint32_t)(pair % j->h);
+  struct attn_pair a = attn_pair_of(j, bn, bh, slot, true);
+  size_t T = j->t, D = j->d;
+  const float *P = j->probs + pair * T * T;
+  float scale = 1.0f / sqrtf((float)D);
+  for (size_t s = 0; s < T; s++) { /* dk, dv accumulate over the blocks */
+    memset(a.dk + s * a.ld, 0, D * sizeof(float));
+    memset(a.dv + s * a.ld, 0, D * sizeof(float));
+  }
+  for (size_t t0 = 0; t0 < T; t0 += GS_CPU_ATTN_RB) {
+    size_t t1 = t0 + GS_CPU_ATTN_RB < T ? t0 + GS_CPU_ATTN_RB : T, m = t1 - t0;
+    /* dP = dout . v^T, then dS = P * (dP - sum P dP) in place, 0 where masked */
+    gs_cpu_sgemm_here(false, true, m, t1, D, 1.0f, a.dout + t0 * a.ldo, a.ldo, a.v, a.ld, 0.0f,
+                      a.w, T);
+    for (size_t r = t0; r < t1; r++) {
+      float *ds = a.w + (r - t0) * T;
+      const float *p = P + r * T;
+      float dot = 0.0f;
+      for (size_t i = 0; i <= r; i++)
+        dot += p[i] * ds[i];
+      for (size_t i = 0; i <= r; i++)
+        ds[i] = p[i] * (ds[i] - dot);
+      for (size_t i = r + 1; i < t1; i++)
+        ds[i] = 0.0f;
+    }
+    gs_cpu_sgemm_here(true, false, t1, D, m, 1.0f, P + t0 * T, T, a.dout + t0 * a.ldo, a.ldo,
+                      1.0f, a.dv, a.ld);
+    gs_cpu_sgemm_here(false, false, m, D, t1, scale, a.w, T, a.k, a.ld, 0.0f, a.dq + t0 * a.ld,
+                      a.ld);
+    gs_cpu_sgemm_here(true, false, t1, D, m, scale, a.w, T, a.q + t0 * a.ld, a.ld, 1.0f, a.dk,
+                      a.ld);
+  }
+  if (j->dt != GS_F32) {
+    size_t hd = (size_t)j->h * D, col = (size_t)bh * D;
+    attn_stage_out(j, j->dqkv, 3 * hd, col, bn, a.dq);
+    attn_stage_out(j, j->dqkv, 3 * hd, hd + col, bn, a.dk);
+    attn_stage_out(j, j->dqkv, 3 * hd, 2 * hd + col, bn, a.dv);
+  }
+}
+
+/* slots [lo, hi): the pairs from lo's share to hi's, on lo's scratch */
+static void attn_part(const struct attn_job *j, size_t lo, size_t hi, bool backward) {
+  size_t pairs = (size_t)j->n * j->h;
+  float *slot = j->ws + lo * j->slot_floats;
+  for (size_t p = pairs * lo / j->slots; p < pairs * hi / j->slots; p++) {
+    if (backward)
+      attn_bwd_pair(j, p, slot);
+    else
+      attn_fwd_pair(j, p, slot);
+  }
+}
+
+static void attn_fwd_part(void *ctx, size_t lo, size_t hi) { attn_part(ctx, lo, hi, false); }
+static void attn_bwd_part(void *ctx, size_t lo, size_t hi) { attn_part(ctx, lo, hi, true); }
+
+/* qkv (N, T, 3HD) dt, probs (N, H, T, T) f32 written, out (N, T, HD) dt */
+int gs_cpu_attention_forward(gs_exec *ex, gs_dtype dt, void *out, float *probs,
+                             const void *qkv, uint32_t n, uint32_t t, uint32_t heads,
+                             uint32_t head_size, void *ws) {
+  if ((size_t)n * t * heads * head_size == 0)
+    return 0;
+  struct attn_job j = {.dt = dt, .out = out, .probs_out = probs, .qkv = qkv, .n = n, .t = t,
+                       .h = heads, .d = head_size, .slots = attn_slots(n, heads),
+                       .slot_floats = attn_slot_floats(dt, t, head_size), .ws = ws};
+  gs_cpu_parallel(ex, j.slots, 1, attn_fwd_part, &j);
+  return 0;
+}
+
+/* dqkv (N, T, 3HD) dt overwritten from dout (N, T, HD) dt, qkv and probs */
+int gs_cpu_attention_backward(gs_exec *ex, gs_dtype dt, void *dqkv, const void *dout,
+                              const void *qkv, const float *probs, uint32_t n, uint32_t t,
+                              uint32_t heads, uint32_t head_size, void *ws) {
+  if ((size_t)n * t * heads * head_size == 0)
+    return 0;
+  struct attn_job j = {.dt = dt, .probs = probs, .qkv = qkv, .dqkv = dqkv,
+                       .dout = dout, .n = n, .t = t, .h = heads, .d = head_size,
+                       .slots = attn_slots(n, heads),
+                       .slot_floats = attn_slot_floats(dt, t, head_size), .ws = ws};
+  gs_cpu_parallel(ex, j.slots, 1, attn_bwd_part, &j);
   return 0;
 }

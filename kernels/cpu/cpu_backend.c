@@ -646,6 +646,9 @@ static gs_backend cpu_backend = {
     .embedding_backward = gs_cpu_embedding_backward,
     .posembed_forward = gs_cpu_posembed_forward,
     .posembed_backward = gs_cpu_posembed_backward,
+    .attention_workspace = gs_cpu_attention_workspace,
+    .attention_forward = gs_cpu_attention_forward,
+    .attention_backward = gs_cpu_attention_backward,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

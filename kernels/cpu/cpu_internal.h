@@ -265,5 +265,13 @@ int gs_cpu_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                             const void *pos, uint32_t n, uint32_t t, uint32_t c);
 int gs_cpu_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
                              const void *dout, uint32_t n, uint32_t t, uint32_t c);
+size_t gs_cpu_attention_workspace(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
+                                  uint32_t head_size);
+int gs_cpu_attention_forward(gs_exec *ex, gs_dtype dt, void *out, float *probs,
+                             const void *qkv, uint32_t n, uint32_t t, uint32_t heads,
+                             uint32_t head_size, void *ws);
+int gs_cpu_attention_backward(gs_exec *ex, gs_dtype dt, void *dqkv, const void *dout,
+                              const void *qkv, const float *probs, uint32_t n, uint32_t t,
+                              uint32_t heads, uint32_t head_size, void *ws);
 
 #endif

@@ -300,6 +300,9 @@ static gs_backend cuda_backend = {
     /* .embedding_backward = */ gs_cuda_embedding_backward,
     /* .posembed_forward = */ gs_cuda_posembed_forward,
     /* .posembed_backward = */ gs_cuda_posembed_backward,
+    /* .attention_workspace = */ gs_cuda_attention_workspace,
+    /* .attention_forward = */ gs_cuda_attention_forward,
+    /* .attention_backward = */ gs_cuda_attention_backward,
 };
 
 static void say(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {

@@ -24,6 +24,8 @@
  *    the last bit), rel 1e-5 for the gradient, argmax exact (ties too);
  *  - SGD/Adam: rel 1e-6, abs 1e-7 (fused multiply-adds);
  *  - add and accumulate: bit for bit;
+ *  - embeddings: bit for bit (copies, one add, sums in token order);
+ *    attention: see case_attention;
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -1063,6 +1065,74 @@ static int case_posembed(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- transformer ops: causal self-attention ---- */
+
+/* Both devices compute in fp32 but sum in different orders (OpenBLAS
+ * blocks against the GPU's per-row loops, fused multiply-adds on both):
+ * probs within 2^-20 + 2^-16 |ref|; out, a sum over T, as a sum of T
+ * products; dqkv within 2^-16 + 2^-16 |ref| (16-bit: plus the rounding
+ * step, as every sum), some fifteen times the cpu's own largest error
+ * against a double definition at N 4, T 256, H 6, D 64 (1e-6, values up
+ * to 2.4). Masked probs are exactly 0 on both. */
+static void attention_one(tc *t, gs_dtype dt, uint32_t n, uint32_t tt, uint32_t h, uint32_t d) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt), hd = (size_t)h * d, nq = (size_t)n * tt * 3 * hd;
+  size_t no = (size_t)n * tt * hd, np = (size_t)n * h * tt * tt;
+  void *qkv = hrand(t, dt, nq, 1.5f), *dout = hrand(t, dt, no, 1);
+  size_t cws = C->attention_workspace(dt, n, tt, h, d);
+  size_t gws = G->attention_workspace(dt, n, tt, h, d);
+  void *cw = halloc(t, cws), *out = halloc(t, no * es), *dqkv = halloc(t, nq * es);
+  float *probs = halloc(t, np * 4);
+  if (t->err)
+    return;
+  tc_call(t, "cpu attention_forward",
+          C->attention_forward(CX, dt, out, probs, qkv, n, tt, h, d, cw));
+  tc_call(t, "cpu attention_backward",
+          C->attention_backward(CX, dt, dqkv, dout, qkv, probs, n, tt, h, d, cw));
+  void *gqkv = dput(t, qkv, nq * es), *gdout = dput(t, dout, no * es);
+  void *gout = dput(t, NULL, no * es), *gdqkv = dput(t, NULL, nq * es), *gw = dput(t, NULL, gws);
+  float *gprobs = dput(t, NULL, np * 4);
+  if (t->err)
+    return;
+  /* garbage first: every element of out, probs and dqkv must be written */
+  void *junk = halloc(t, nq * es > np * 4 ? nq * es : np * 4);
+  if (!junk)
+    return;
+  memset(junk, 0x7f, nq * es > np * 4 ? nq * es : np * 4);
+  tc_call(t, "gpu copy_in", G->copy_in(GX, gout, junk, no * es));
+  tc_call(t, "gpu copy_in", G->copy_in(GX, gprobs, junk, np * 4));
+  tc_call(t, "gpu copy_in", G->copy_in(GX, gdqkv, junk, nq * es));
+  tc_call(t, "gpu attention_forward",
+          G->attention_forward(GX, dt, gout, gprobs, gqkv, n, tt, h, d, gw));
+  tc_call(t, "gpu attention_backward",
+          G->attention_backward(GX, dt, gdqkv, gdout, gqkv, gprobs, n, tt, h, d, gw));
+  float *hp = dget(t, gprobs, np * 4);
+  cmp(t, "attention probs", GS_F32, probs, hp, np, 0x1p-20, 0x1p-16);
+  if (hp && !t->err)
+    for (size_t i = 0; i < np; i++)
+      if (i % tt > i / tt % tt && hp[i] != 0.0f)
+        fail(t, "%s attention probs[%zu] (t %zu, s %zu) masked but %g", gs_dtype_name(dt), i,
+             i / tt % tt, i % tt, (double)hp[i]);
+  double a, r;
+  tol_sum(dt, tt, &a, &r);
+  cmp(t, "attention out", dt, out, dget(t, gout, no * es), no, a, r);
+  a = 0x1p-16 + (dt == GS_F32 ? 0.0 : eps_dt(dt));
+  r = dt == GS_F32 ? 0x1p-16 : 2 * eps_dt(dt);
+  cmp(t, "attention dqkv", dt, dqkv, dget(t, gdqkv, nq * es), nq, a, r);
+}
+
+static int case_attention(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  attention_one(t, dt, 2, 7, 3, 5);
+  attention_one(t, dt, 2, 1, 3, 5);
+  attention_one(t, dt, 1, 64, 3, 5);
+  attention_one(t, dt, 1, 130, 2, 16); /* past one block of 128 threads */
+  attention_one(t, dt, 4, 256, 6, 64); /* a small GPT's layer */
+  return tc_end(t);
+}
+
 /* ---- the table ---- */
 
 /* ==== normalisation and element-wise ops (cpu_norm.c, cuda_norm.cu) ==== */
@@ -1098,6 +1168,7 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"add", case_add, true},
     /* transformer ops */
     {"embedding", case_embedding, true}, {"posembed", case_posembed, true},
+    {"attention", case_attention, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

@@ -11,11 +11,19 @@
  * multi-thread run equal to those of one thread. Shapes are odd (C = 7,
  * V = 13, H = 3 heads of D = 5). Workspaces get exactly the queried bytes,
  * so an op that needs more shows up under ASan.
+ *
+ * Attention is checked at T = 1, 7, 64 and 100 (one block of query rows,
+ * a full one, and a second, partial one): probs and out against the
+ * definition, dqkv against finite differences, the masked probabilities
+ * exactly 0, and causality bit for bit: a later position's k and v change
+ * nothing before it, and a dout that is zero from some row on leaves
+ * exactly zero dq from that row and dk, dv from that position.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +37,10 @@ static double urand(void) { /* uniform in [-1, 1) */
   rng_state ^= rng_state >> 7;
   rng_state ^= rng_state << 17;
   return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
+}
+
+static double eps_dt(gs_dtype dt) {
+  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
 }
 
 static double round_dt(gs_dtype dt, double v) {
@@ -379,4 +391,239 @@ Test(attn_ops, posembed_16bit_gradient_equals_fp32_and_threads_agree) {
   }
   pos_out_free(&o32);
   pos_free(&p);
+}
+
+/* ---- causal multi-head self-attention ---- */
+
+typedef struct attn_case {
+  uint32_t n, t, h, d;
+  double *qkv, *r;     /* (N, T, 3HD), loss weights (N, T, HD) */
+  double *out, *probs; /* the definition's: (N, T, HD), (N, H, T, T) */
+} attn_case;
+
+static size_t attn_nqkv(const attn_case *a) { return (size_t)a->n * a->t * 3 * a->h * a->d; }
+static size_t attn_nout(const attn_case *a) { return (size_t)a->n * a->t * a->h * a->d; }
+static size_t attn_nprobs(const attn_case *a) { return (size_t)a->n * a->h * a->t * a->t; }
+
+static void attn_init(attn_case *a, gs_dtype dt, uint32_t n, uint32_t t, uint32_t h,
+                      uint32_t d) {
+  a->n = n, a->t = t, a->h = h, a->d = d;
+  a->qkv = rand_dt(dt, attn_nqkv(a), 1.5);
+  a->r = rand_dt(dt, attn_nout(a), 1.0);
+  a->out = calloc(attn_nout(a) + 1, sizeof(double));
+  a->probs = calloc(attn_nprobs(a) + 1, sizeof(double));
+}
+
+static void attn_free(attn_case *a) { free(a->qkv), free(a->r), free(a->out), free(a->probs); }
+
+/* the definition, in double */
+static void attn_ref(attn_case *a) {
+  size_t T = a->t, H = a->h, D = a->d, HD = H * D;
+  double *row = calloc(T + 1, sizeof *row);
+  for (size_t n = 0; n < a->n; n++)
+    for (size_t h = 0; h < H; h++)
+      for (size_t t = 0; t < T; t++) {
+        const double *q = a->qkv + (n * T + t) * 3 * HD + h * D;
+        double mx = -INFINITY, sum = 0;
+        for (size_t s = 0; s <= t; s++) {
+          const double *k = a->qkv + (n * T + s) * 3 * HD + HD + h * D;
+          double dot = 0;
+          for (size_t i = 0; i < D; i++)
+            dot += q[i] * k[i];
+          row[s] = dot / sqrt((double)D);
+          if (row[s] > mx)
+            mx = row[s];
+        }
+        for (size_t s = 0; s <= t; s++)
+          sum += exp(row[s] - mx);
+        double *p = a->probs + ((n * H + h) * T + t) * T;
+        double *o = a->out + (n * T + t) * HD + h * D;
+        for (size_t i = 0; i < D; i++)
+          o[i] = 0;
+        for (size_t s = 0; s < T; s++) {
+          p[s] = s <= t ? exp(row[s] - mx) / sum : 0.0;
+          if (s > t)
+            continue;
+          const double *v = a->qkv + (n * T + s) * 3 * HD + 2 * HD + h * D;
+          for (size_t i = 0; i < D; i++)
+            o[i] += p[s] * v[i];
+        }
+      }
+  free(row);
+}
+
+static double attn_ref_loss(void *ctx) {
+  attn_case *a = ctx;
+  attn_ref(a);
+  double l = 0;
+  for (size_t i = 0; i < attn_nout(a); i++)
+    l += a->out[i] * a->r[i];
+  return l;
+}
+
+typedef struct attn_res {
+  void *out, *dqkv; /* dt */
+  float *probs;
+} attn_res;
+
+static void attn_res_free(attn_res *o) { free(o->out), free(o->dqkv), free(o->probs); }
+
+/* the backend's forward and backward in dt on ex; qkv and dout given in dt
+ * (NULL: the case's qkv and R) */
+static void attn_run(gs_exec *ex, const attn_case *a, gs_dtype dt, const void *qkv_dt,
+                     const void *dout_dt, attn_res *o) {
+  size_t es = gs_dtype_size(dt);
+  void *qkv = to_dt(dt, a->qkv, attn_nqkv(a)), *dout = to_dt(dt, a->r, attn_nout(a));
+  size_t wsb = B->attention_workspace(dt, a->n, a->t, a->h, a->d);
+  cr_assert_eq(wsb, B->attention_workspace(dt, a->n, a->t, a->h, a->d), "not a pure query");
+  void *ws = wsb ? malloc(wsb) : NULL; /* exactly the bytes asked for */
+  o->out = malloc(attn_nout(a) * es + 1);
+  o->dqkv = malloc(attn_nqkv(a) * es + 1);
+  o->probs = malloc(attn_nprobs(a) * sizeof(float) + 1);
+  memset(o->out, 0x55, attn_nout(a) * es); /* everything is written */
+  memset(o->dqkv, 0x55, attn_nqkv(a) * es);
+  memset(o->probs, 0x55, attn_nprobs(a) * sizeof(float));
+  const void *x = qkv_dt ? qkv_dt : qkv, *g = dout_dt ? dout_dt : dout;
+  cr_assert_eq(B->attention_forward(ex, dt, o->out, o->probs, x, a->n, a->t, a->h, a->d, ws), 0);
+  cr_assert_eq(B->attention_backward(ex, dt, o->dqkv, g, x, o->probs, a->n, a->t, a->h, a->d, ws),
+               0);
+  free(ws), free(qkv), free(dout);
+}
+
+static const uint32_t ATTN_SHAPES[][4] = { /* n, t, heads, head_size */
+    {2, 1, 3, 5}, {2, 7, 3, 5}, {1, 64, 3, 5}, {1, 100, 3, 5}, {3, 9, 1, 8},
+};
+#define ATTN_NSHAPES (sizeof ATTN_SHAPES / sizeof ATTN_SHAPES[0])
+
+Test(attn_ops, attention_fp32_against_definition_and_fd, .timeout = 120) {
+  for (size_t k = 0; k < ATTN_NSHAPES; k++) {
+    const uint32_t *sh = ATTN_SHAPES[k];
+    char what[64];
+    snprintf(what, sizeof what, "attention n%u t%u h%u d%u", sh[0], sh[1], sh[2], sh[3]);
+    attn_case a;
+    attn_init(&a, GS_F32, sh[0], sh[1], sh[2], sh[3]);
+    attn_res o;
+    attn_run(EX, &a, GS_F32, NULL, NULL, &o);
+    attn_ref(&a);
+    size_t T = a.t;
+    for (size_t i = 0; i < attn_nprobs(&a); i++) {
+      size_t t = i / T % T, s = i % T;
+      if (s > t)
+        cr_assert(o.probs[i] == 0.0f && !signbit(o.probs[i]), "%s probs[%zu] masked: %g", what,
+                  i, (double)o.probs[i]);
+      else
+        expect_close(what, "probs", i, o.probs[i], a.probs[i], 1e-6, 1e-5);
+    }
+    for (size_t i = 0; i < attn_nout(&a); i++)
+      expect_close(what, "out", i, get_dt(GS_F32, o.out, i), a.out[i], 1e-5, 1e-5);
+    double *fd = calloc(attn_nqkv(&a) + 1, sizeof *fd);
+    fd_grad(attn_ref_loss, &a, a.qkv, attn_nqkv(&a), fd);
+    for (size_t i = 0; i < attn_nqkv(&a); i++)
+      expect_close(what, "dqkv", i, get_dt(GS_F32, o.dqkv, i), fd[i], 2e-5, 1e-4);
+    free(fd);
+    attn_res_free(&o);
+    attn_free(&a);
+  }
+}
+
+/* A later position's k and v (here large, 16-bit-exact values) change no
+ * bit of the earlier rows' out and probs; a dout that is zero from row c
+ * on gives exactly zero dq from row c and dk, dv from position c. */
+Test(attn_ops, attention_is_causal_bit_for_bit) {
+  for (int k = 0; k < 3; k++) {
+    gs_dtype dt = ALL_DT[k];
+    attn_case a;
+    attn_init(&a, dt, 2, 70, 3, 5);
+    const size_t T = a.t, HD = (size_t)a.h * a.d, cut = 37, es = gs_dtype_size(dt);
+    for (size_t i = 0; i < attn_nout(&a); i++)
+      if (i / HD % T >= cut)
+        a.r[i] = 0;
+    attn_res o1, o2;
+    attn_run(EX, &a, dt, NULL, NULL, &o1);
+    for (size_t n = 0; n < a.n; n++)
+      for (size_t t = cut; t < T; t++)
+        for (size_t c = HD; c < 3 * HD; c++)
+          a.qkv[(n * T + t) * 3 * HD + c] = (c % 2 ? 1000.0 : -512.0);
+    attn_run(EX, &a, dt, NULL, NULL, &o2);
+    for (size_t i = 0; i < attn_nout(&a); i++)
+      if (i / HD % T < cut)
+        cr_assert(memcmp((char *)o1.out + i * es, (char *)o2.out + i * es, es) == 0,
+                  "%s out[%zu] (row %zu) moved with a later k, v", gs_dtype_name(dt), i,
+                  i / HD % T);
+    for (size_t i = 0; i < attn_nprobs(&a); i++)
+      if (i / T % T < cut)
+        cr_assert(memcmp(o1.probs + i, o2.probs + i, 4) == 0, "%s probs[%zu] moved",
+                  gs_dtype_name(dt), i);
+    for (size_t i = 0; i < attn_nqkv(&a); i++) {
+      size_t t = i / (3 * HD) % T, c = i % (3 * HD);
+      bool q = c < HD;
+      if (t >= cut) /* q of a row without dout, k and v of a position no such row sees */
+        cr_assert(get_dt(dt, o1.dqkv, i) == 0.0, "%s dqkv[%zu] (t %zu, %s) = %g, want 0",
+                  gs_dtype_name(dt), i, t, q ? "q" : c < 2 * HD ? "k" : "v",
+                  get_dt(dt, o1.dqkv, i));
+    }
+    attn_res_free(&o1);
+    attn_res_free(&o2);
+    attn_free(&a);
+  }
+}
+
+/* 16-bit storage against fp32 on the same (rounded) qkv and dout: the
+ * math is the same fp32, so out and dqkv differ by their rounding on
+ * store, probs (fp32 in both) by the order of nothing */
+Test(attn_ops, attention_16bit_matches_fp32) {
+  for (int k = 1; k < 3; k++) {
+    gs_dtype dt = ALL_DT[k];
+    for (size_t s = 0; s < ATTN_NSHAPES; s++) {
+      const uint32_t *sh = ATTN_SHAPES[s];
+      attn_case a;
+      attn_init(&a, dt, sh[0], sh[1], sh[2], sh[3]);
+      attn_res o16, o32;
+      attn_run(EX, &a, dt, NULL, NULL, &o16);
+      attn_run(EX, &a, GS_F32, NULL, NULL, &o32);
+      char what[80];
+      snprintf(what, sizeof what, "attention %s t%u", gs_dtype_name(dt), sh[1]);
+      double e = eps_dt(dt);
+      for (size_t i = 0; i < attn_nprobs(&a); i++)
+        expect_close(what, "probs", i, o16.probs[i], o32.probs[i], 1e-7, 1e-6);
+      for (size_t i = 0; i < attn_nout(&a); i++)
+        expect_close(what, "out", i, get_dt(dt, o16.out, i), get_dt(GS_F32, o32.out, i), 1e-6, e);
+      for (size_t i = 0; i < attn_nqkv(&a); i++)
+        expect_close(what, "dqkv", i, get_dt(dt, o16.dqkv, i), get_dt(GS_F32, o32.dqkv, i), 1e-6,
+                     e);
+      attn_res_free(&o16);
+      attn_res_free(&o32);
+      attn_free(&a);
+    }
+  }
+}
+
+Test(attn_ops, attention_threads_give_the_same_bits) {
+  for (int k = 0; k < 3; k++) {
+    gs_dtype dt = ALL_DT[k];
+    attn_case a;
+    attn_init(&a, dt, 3, 70, 3, 8);
+    attn_res o1, o2;
+    attn_run(EX1, &a, dt, NULL, NULL, &o1);
+    attn_run(EX, &a, dt, NULL, NULL, &o2);
+    size_t es = gs_dtype_size(dt);
+    cr_assert(memcmp(o1.out, o2.out, attn_nout(&a) * es) == 0, "%s out", gs_dtype_name(dt));
+    cr_assert(memcmp(o1.probs, o2.probs, attn_nprobs(&a) * 4) == 0, "%s probs",
+              gs_dtype_name(dt));
+    cr_assert(memcmp(o1.dqkv, o2.dqkv, attn_nqkv(&a) * es) == 0, "%s dqkv", gs_dtype_name(dt));
+    attn_res_free(&o1);
+    attn_res_free(&o2);
+    attn_free(&a);
+  }
+}
+
+Test(attn_ops, attention_workspace_is_a_function_of_the_shape) {
+  cr_assert_eq(B->attention_workspace(GS_F32, 0, 7, 3, 5), 0);
+  cr_assert_eq(B->attention_workspace(GS_F16, 2, 0, 3, 5), 0);
+  /* grows with T, not with T^2 per pair: far below probs at T = 1024 */
+  size_t ws = B->attention_workspace(GS_BF16, 8, 1024, 12, 64);
+  size_t probs = (size_t)8 * 12 * 1024 * 1024 * sizeof(float);
+  cr_assert(ws > 0 && ws < probs / 2, "workspace %zu bytes against probs %zu", ws, probs);
+  cr_assert(B->attention_workspace(GS_F32, 8, 1024, 12, 64) <= ws,
+            "fp32 stages nothing, so needs no more than 16-bit storage");
 }

@@ -53,3 +53,4 @@ Test(cuda_ops, mlp_trajectory) { run("mlp_trajectory", true); }
 Test(cuda_ops, add) { run("add", true); }
 Test(cuda_ops, embedding) { run("embedding", true); }
 Test(cuda_ops, posembed) { run("posembed", true); }
+Test(cuda_ops, attention) { run("attention", true); }
