@@ -260,9 +260,9 @@ struct gs_backend {
    *      N*H*W for NHWC images or N for flat features; gamma, beta (C) dt.
    * Training (training = true): per channel c, over the M rows, the batch
    * mean and then the biased variance var = mean((x - mean)^2), each summed
-   * in double over a split of the rows fixed by M (a GPU adds runs of at
-   * most 16 rows in fp32 first), so the result does not depend on the
-   * thread count; rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd *
+   * in double over a split of the rows fixed by M (a GPU adds short runs
+   * of rows in fp32 first), so the result does not depend on the thread
+   * count; rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd *
    * gamma + beta, from the fp32 mean and rstd it saves in mean (C) and
    * rstd (C) f32 for the backward. running_mean, running_var (C) f32 are
    * updated as PyTorch does: r = (1 - momentum) * r + momentum * stat,

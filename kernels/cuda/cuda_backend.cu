@@ -287,12 +287,12 @@ static gs_backend cuda_backend = {
     /* normalisation and element-wise ops (cuda_norm.cu) */
     /* .add_forward = */ gs_cuda_add_forward,
     /* .accumulate = */ gs_cuda_accumulate,
-    /* .batchnorm_workspace = */ NULL,
-    /* .batchnorm_forward = */ NULL,
-    /* .batchnorm_backward = */ NULL,
-    /* .layernorm_forward = */ NULL,
-    /* .layernorm_workspace = */ NULL,
-    /* .layernorm_backward = */ NULL,
+    /* .batchnorm_workspace = */ gs_cuda_batchnorm_workspace,
+    /* .batchnorm_forward = */ gs_cuda_batchnorm_forward,
+    /* .batchnorm_backward = */ gs_cuda_batchnorm_backward,
+    /* .layernorm_forward = */ gs_cuda_layernorm_forward,
+    /* .layernorm_workspace = */ gs_cuda_layernorm_workspace,
+    /* .layernorm_backward = */ gs_cuda_layernorm_backward,
     /* the layer graph */
     /* .copy_2d = */ cuda_copy_2d,
     /* transformer ops (cuda_attn.cu) */

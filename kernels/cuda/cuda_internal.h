@@ -143,6 +143,23 @@ int gs_cuda_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_
 int gs_cuda_add_forward(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
                         size_t count);
 int gs_cuda_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count);
+size_t gs_cuda_batchnorm_workspace(gs_dtype dt, uint32_t m, uint32_t c);
+int gs_cuda_batchnorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                              float *running_mean, float *running_var, const void *in,
+                              const void *gamma, const void *beta, uint32_t m, uint32_t c,
+                              float eps, float momentum, bool training, void *ws);
+int gs_cuda_batchnorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma,
+                               float *dbeta, const void *dout, const void *in, const void *gamma,
+                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                               void *ws);
+int gs_cuda_layernorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                              const void *in, const void *gamma, const void *beta, uint32_t m,
+                              uint32_t c, float eps);
+size_t gs_cuda_layernorm_workspace(gs_dtype dt, uint32_t m, uint32_t c);
+int gs_cuda_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma,
+                               float *dbeta, const void *dout, const void *in, const void *gamma,
+                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                               void *ws);
 
 /* Used by cuda_gemm.cu for conv2d: im2col of images [n0, n0+nc) of in (dt)
  * into col (rows, KH*KW*C) of dt; col2im gathers dcol (f32) onto din (dt). */

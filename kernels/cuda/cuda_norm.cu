@@ -1,10 +1,19 @@
 /*
  * cuda_norm.cu: the `cuda` backend's twins of cpu/cpu_norm.c: the residual
- * sums (add, accumulate), exactly as backend.h writes their formulas.
+ * sums (add, accumulate), batch and layer normalisation, exactly as
+ * backend.h writes their formulas.
  *
  * Storage and rounding as in cuda_ops.cu (cuda_dtype.cuh): fp32 math, one
  * rounding to nearest even on store, the CPU's bits for every load and
- * store, so the element-wise ops here give the CPU backend's bits.
+ * store. The residual sums do the CPU's fp32 operations, so they give its
+ * bits; the norms agree within the tolerances of tests/gpu/gpu_cases.c.
+ *
+ * No float atomics: every output element is written by one thread, and the
+ * reductions over rows take a split fixed by the shape (see colred_k), so
+ * every run gives the same bits. The norms' reductions are plain (one
+ * block per 32 columns and chunk of rows, one warp per LayerNorm row);
+ * faster ones would vectorise the 16-bit loads and keep a row's values in
+ * registers between the passes.
  */
 #include <errno.h>
 #include <math.h>
@@ -39,4 +48,359 @@ int gs_cuda_add_forward(gs_exec *ex, gs_dtype dt, void *out, const void *a, cons
 
 int gs_cuda_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count) {
   return add_launch(ex, dt, dst, dst, src, count, "accumulate");
+}
+
+/* ---- row reductions (batchnorm statistics, norm gradients) ----
+ *
+ * A column reduction over rows [0, M) of (M, C): block (32, GS_NORM_Y)
+ * takes 32 columns of one chunk of GS_NORM_ROWS rows; each thread sums a
+ * strided run of the chunk's rows (GS_NORM_ROWS / GS_NORM_Y of them) in
+ * fp32, the block adds its threads' runs in double in a fixed order and
+ * writes the chunk's partial (double) to the workspace; a second kernel
+ * adds the chunks' partials in chunk order. The split depends on M alone,
+ * so every run gives the same bits. */
+
+#define GS_NORM_Y 8      /* threads per column of a reduction block */
+#define GS_NORM_ROWS 128 /* rows of a chunk (more past 65535 chunks) */
+
+/* rows per chunk and chunks for m rows; gridDim.y is at most 65535 */
+static void norm_split(size_t m, size_t *chunk, size_t *nk) {
+  size_t per = GS_NORM_ROWS * ((m + (size_t)GS_NORM_ROWS * 65535 - 1) / ((size_t)GS_NORM_ROWS * 65535));
+  if (per == 0)
+    per = GS_NORM_ROWS;
+  *chunk = per;
+  *nk = m ? (m + per - 1) / per : 1;
+}
+
+enum { RED_SUM, RED_SQ, RED_BN_BWD, RED_LN_BWD };
+
+/* part[k][c] (and, for the backwards, part[nk + k][c]) of chunk k = y:
+ *   RED_SUM:    sum of x
+ *   RED_SQ:     sum of (x - mean[c])^2
+ *   RED_BN_BWD: sum of dy; sum of dy * xhat, xhat = (x - mean[c]) * rstd[c]
+ *   RED_LN_BWD: the same with the row's mean[r] and rstd[r] */
+template <int D, int MODE>
+__global__ void colred_k(double *part, const typename st<D>::T *x, const typename st<D>::T *dy,
+                         const float *mean, const float *rstd, size_t rows, size_t cols,
+                         size_t chunk, size_t nk) {
+  __shared__ double s1[GS_NORM_Y][33], s2[GS_NORM_Y][33];
+  size_t col = (size_t)blockIdx.x * 32 + threadIdx.x;
+  size_t r0 = (size_t)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  float a1 = 0.0f, a2 = 0.0f;
+  if (col < cols)
+    for (size_t r = r0 + threadIdx.y; r < r1; r += GS_NORM_Y) {
+      float v = st<D>::load(x[r * cols + col]);
+      if (MODE == RED_SUM) {
+        a1 += v;
+      } else if (MODE == RED_SQ) {
+        float d = v - mean[col];
+        a1 += d * d;
+      } else {
+        size_t s = MODE == RED_BN_BWD ? col : r;
+        float g = st<D>::load(dy[r * cols + col]);
+        float xh = (v - mean[s]) * rstd[s];
+        a1 += g;
+        a2 += g * xh;
+      }
+    }
+  s1[threadIdx.y][threadIdx.x] = a1;
+  s2[threadIdx.y][threadIdx.x] = a2;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    double t1 = 0.0, t2 = 0.0;
+    for (int y = 0; y < GS_NORM_Y; y++) {
+      t1 += s1[y][threadIdx.x];
+      t2 += s2[y][threadIdx.x];
+    }
+    part[(size_t)blockIdx.y * cols + col] = t1;
+    if (MODE == RED_BN_BWD || MODE == RED_LN_BWD)
+      part[((size_t)nk + blockIdx.y) * cols + col] = t2;
+  }
+}
+
+template <int D, int MODE>
+static int colred(gs_exec *ex, double *part, const void *x, const void *dy, const float *mean,
+                  const float *rstd, size_t rows, size_t cols) {
+  typedef typename st<D>::T T;
+  size_t chunk, nk;
+  norm_split(rows, &chunk, &nk);
+  dim3 grid((unsigned)((cols + 31) / 32), (unsigned)nk), block(32, GS_NORM_Y);
+  colred_k<D, MODE><<<grid, block, 0, ex->stream>>>(part, (const T *)x, (const T *)dy, mean,
+                                                    rstd, rows, cols, chunk, nk);
+  return GS_LAUNCHED("norm column reduction");
+}
+
+/* s1[c] (and s2[c]) = the sum of the chunks' partials, in chunk order */
+__device__ __forceinline__ double chunk_sum(const double *part, size_t k0, size_t nk, size_t cols,
+                                            size_t col) {
+  double s = 0.0;
+  for (size_t k = 0; k < nk; k++)
+    s += part[(k0 + k) * cols + col];
+  return s;
+}
+
+/* ---- batch normalisation ---- */
+
+/* Workspace: the partials (2 nk, C) double, then two fp32 arrays of C
+ * (evaluation: mean and rstd from the running statistics; backward:
+ * sum(dout) / M and sum(dout xhat) / M). */
+size_t gs_cuda_batchnorm_workspace(gs_dtype dt, uint32_t m, uint32_t c) {
+  (void)dt;
+  size_t chunk, nk;
+  norm_split(m, &chunk, &nk);
+  return 2 * nk * (size_t)c * sizeof(double) + 2 * (size_t)c * sizeof(float);
+}
+
+/* after RED_SUM: mean[c] = the batch mean */
+__global__ void bn_mean_k(float *mean, const double *part, size_t nk, size_t m, size_t c) {
+  GS_GRID_STRIDE(j, c) { mean[j] = (float)(chunk_sum(part, 0, nk, c, j) / (double)m); }
+}
+
+/* after RED_SQ: rstd, and the running statistics */
+__global__ void bn_var_k(float *rstd, float *rmean, float *rvar, const float *mean,
+                         const double *part, size_t nk, size_t m, size_t c, float eps,
+                         float momentum) {
+  GS_GRID_STRIDE(j, c) {
+    double s = chunk_sum(part, 0, nk, c, j);
+    double var = s / (double)m, unbiased = m > 1 ? s / (double)(m - 1) : var;
+    rstd[j] = (float)(1.0 / sqrt(var + (double)eps));
+    rmean[j] = (1.0f - momentum) * rmean[j] + momentum * mean[j];
+    rvar[j] = (1.0f - momentum) * rvar[j] + momentum * (float)unbiased;
+  }
+}
+
+/* evaluation: mean and rstd from the running statistics */
+__global__ void bn_eval_stats_k(float *mean, float *rstd, const float *rmean, const float *rvar,
+                                size_t c, float eps) {
+  GS_GRID_STRIDE(j, c) {
+    mean[j] = rmean[j];
+    rstd[j] = (float)(1.0 / sqrt((double)rvar[j] + (double)eps));
+  }
+}
+
+template <int D>
+__global__ void bn_norm_k(typename st<D>::T *out, const typename st<D>::T *x,
+                          const typename st<D>::T *gamma, const typename st<D>::T *beta,
+                          const float *mean, const float *rstd, size_t count, size_t c) {
+  GS_GRID_STRIDE(i, count) {
+    size_t j = i % c;
+    float v = (st<D>::load(x[i]) - mean[j]) * rstd[j] * st<D>::load(gamma[j]) +
+              st<D>::load(beta[j]);
+    out[i] = st<D>::store(v);
+  }
+}
+
+int gs_cuda_batchnorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                              float *running_mean, float *running_var, const void *in,
+                              const void *gamma, const void *beta, uint32_t m, uint32_t c,
+                              float eps, float momentum, bool training, void *ws) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || m == 0 || c == 0)
+    return rc;
+  size_t chunk, nk;
+  norm_split(m, &chunk, &nk);
+  double *part = (double *)ws;
+  float *mu = mean, *rs = rstd;
+  unsigned cb = gs_cuda_blocks(c);
+  if (training) {
+    GS_DT_SWITCH(dt, D, rc = colred<D, RED_SUM>(ex, part, in, NULL, NULL, NULL, m, c));
+    if (rc)
+      return rc;
+    bn_mean_k<<<cb, 256, 0, ex->stream>>>(mean, part, nk, m, c);
+    if ((rc = GS_LAUNCHED("batchnorm_forward (mean)")))
+      return rc;
+    GS_DT_SWITCH(dt, D, rc = colred<D, RED_SQ>(ex, part, in, NULL, mean, NULL, m, c));
+    if (rc)
+      return rc;
+    bn_var_k<<<cb, 256, 0, ex->stream>>>(rstd, running_mean, running_var, mean, part, nk, m, c,
+                                          eps, momentum);
+    if ((rc = GS_LAUNCHED("batchnorm_forward (variance)")))
+      return rc;
+  } else {
+    mu = (float *)(part + 2 * nk * (size_t)c);
+    rs = mu + c;
+    bn_eval_stats_k<<<cb, 256, 0, ex->stream>>>(mu, rs, running_mean, running_var, c, eps);
+    if ((rc = GS_LAUNCHED("batchnorm_forward (running statistics)")))
+      return rc;
+  }
+  size_t count = (size_t)m * c;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               bn_norm_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   (T *)out, (const T *)in, (const T *)gamma, (const T *)beta, mu, rs, count, c));
+  return GS_LAUNCHED("batchnorm_forward");
+}
+
+/* after RED_BN_BWD: the gradients of gamma and beta, and the means of the
+ * two sums for din */
+__global__ void bn_bwd_finish_k(float *dgamma, float *dbeta, float *m1, float *m2,
+                                const double *part, size_t nk, size_t m, size_t c) {
+  GS_GRID_STRIDE(j, c) {
+    double s1 = chunk_sum(part, 0, nk, c, j), s2 = chunk_sum(part, nk, nk, c, j);
+    dbeta[j] += (float)s1;
+    dgamma[j] += (float)s2;
+    m1[j] = (float)(s1 / (double)m);
+    m2[j] = (float)(s2 / (double)m);
+  }
+}
+
+template <int D>
+__global__ void bn_din_k(typename st<D>::T *din, const typename st<D>::T *dy,
+                         const typename st<D>::T *x, const typename st<D>::T *gamma,
+                         const float *mean, const float *rstd, const float *m1, const float *m2,
+                         size_t count, size_t c) {
+  GS_GRID_STRIDE(i, count) {
+    size_t j = i % c;
+    float xh = (st<D>::load(x[i]) - mean[j]) * rstd[j];
+    float a = st<D>::load(gamma[j]) * rstd[j];
+    din[i] = st<D>::store(a * (st<D>::load(dy[i]) - m1[j] - xh * m2[j]));
+  }
+}
+
+int gs_cuda_batchnorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma,
+                               float *dbeta, const void *dout, const void *in, const void *gamma,
+                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                               void *ws) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || m == 0 || c == 0)
+    return rc;
+  size_t chunk, nk;
+  norm_split(m, &chunk, &nk);
+  double *part = (double *)ws;
+  float *m1 = (float *)(part + 2 * nk * (size_t)c), *m2 = m1 + c;
+  GS_DT_SWITCH(dt, D, rc = colred<D, RED_BN_BWD>(ex, part, in, dout, mean, rstd, m, c));
+  if (rc)
+    return rc;
+  bn_bwd_finish_k<<<gs_cuda_blocks(c), 256, 0, ex->stream>>>(dgamma, dbeta, m1, m2, part, nk, m,
+                                                             c);
+  if ((rc = GS_LAUNCHED("batchnorm_backward (sums)")) || !din)
+    return rc;
+  size_t count = (size_t)m * c;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               bn_din_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   (T *)din, (const T *)dout, (const T *)in, (const T *)gamma, mean, rstd, m1,
+                   m2, count, c));
+  return GS_LAUNCHED("batchnorm_backward");
+}
+
+/* ---- layer normalisation: one warp per row ---- */
+
+#define GS_LN_WARPS 8 /* rows (warps) per block */
+
+/* the warp's sum of v, the same order (a butterfly) in every lane */
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+static unsigned ln_blocks(size_t m) {
+  size_t b = (m + GS_LN_WARPS - 1) / GS_LN_WARPS;
+  return b > 65535 ? 65535u : (unsigned)(b ? b : 1);
+}
+
+template <int D>
+__global__ void ln_fwd_k(typename st<D>::T *out, float *mean, float *rstd,
+                         const typename st<D>::T *x, const typename st<D>::T *gamma,
+                         const typename st<D>::T *beta, size_t m, size_t c, float eps) {
+  const int lane = threadIdx.x & 31;
+  for (size_t r = (size_t)blockIdx.x * GS_LN_WARPS + threadIdx.x / 32; r < m;
+       r += (size_t)gridDim.x * GS_LN_WARPS) {
+    const typename st<D>::T *xr = x + r * c;
+    float s = 0.0f;
+    for (size_t j = lane; j < c; j += 32)
+      s += st<D>::load(xr[j]);
+    float mu = warp_sum(s) / (float)c;
+    float q = 0.0f;
+    for (size_t j = lane; j < c; j += 32) {
+      float d = st<D>::load(xr[j]) - mu;
+      q += d * d;
+    }
+    float rs = (float)(1.0 / sqrt((double)(warp_sum(q) / (float)c) + (double)eps));
+    if (lane == 0) {
+      if (mean)
+        mean[r] = mu;
+      if (rstd)
+        rstd[r] = rs;
+    }
+    for (size_t j = lane; j < c; j += 32)
+      out[r * c + j] = st<D>::store((st<D>::load(xr[j]) - mu) * rs * st<D>::load(gamma[j]) +
+                                    st<D>::load(beta[j]));
+  }
+}
+
+int gs_cuda_layernorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, float *rstd,
+                              const void *in, const void *gamma, const void *beta, uint32_t m,
+                              uint32_t c, float eps) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || m == 0 || c == 0)
+    return rc;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               ln_fwd_k<D><<<ln_blocks(m), 32 * GS_LN_WARPS, 0, ex->stream>>>(
+                   (T *)out, mean, rstd, (const T *)in, (const T *)gamma, (const T *)beta, m, c,
+                   eps));
+  return GS_LAUNCHED("layernorm_forward");
+}
+
+/* Workspace: the gradient partials (2 nk, C) double. */
+size_t gs_cuda_layernorm_workspace(gs_dtype dt, uint32_t m, uint32_t c) {
+  (void)dt;
+  size_t chunk, nk;
+  norm_split(m, &chunk, &nk);
+  return 2 * nk * (size_t)c * sizeof(double);
+}
+
+/* din per row: rstd (g - mean(g) - xhat mean(g xhat)), g = dout * gamma */
+template <int D>
+__global__ void ln_din_k(typename st<D>::T *din, const typename st<D>::T *dy,
+                         const typename st<D>::T *x, const typename st<D>::T *gamma,
+                         const float *mean, const float *rstd, size_t m, size_t c) {
+  const int lane = threadIdx.x & 31;
+  for (size_t r = (size_t)blockIdx.x * GS_LN_WARPS + threadIdx.x / 32; r < m;
+       r += (size_t)gridDim.x * GS_LN_WARPS) {
+    const float mu = mean[r], rs = rstd[r];
+    float sg = 0.0f, sgx = 0.0f;
+    for (size_t j = lane; j < c; j += 32) {
+      float xh = (st<D>::load(x[r * c + j]) - mu) * rs;
+      float g = st<D>::load(dy[r * c + j]) * st<D>::load(gamma[j]);
+      sg += g;
+      sgx += g * xh;
+    }
+    const float m1 = warp_sum(sg) / (float)c, m2 = warp_sum(sgx) / (float)c;
+    for (size_t j = lane; j < c; j += 32) {
+      float xh = (st<D>::load(x[r * c + j]) - mu) * rs;
+      float g = st<D>::load(dy[r * c + j]) * st<D>::load(gamma[j]);
+      din[r * c + j] = st<D>::store(rs * (g - m1 - xh * m2));
+    }
+  }
+}
+
+__global__ void ln_bwd_finish_k(float *dgamma, float *dbeta, const double *part, size_t nk,
+                                size_t c) {
+  GS_GRID_STRIDE(j, c) {
+    dbeta[j] += (float)chunk_sum(part, 0, nk, c, j);
+    dgamma[j] += (float)chunk_sum(part, nk, nk, c, j);
+  }
+}
+
+int gs_cuda_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma,
+                               float *dbeta, const void *dout, const void *in, const void *gamma,
+                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
+                               void *ws) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || m == 0 || c == 0)
+    return rc;
+  size_t chunk, nk;
+  norm_split(m, &chunk, &nk);
+  double *part = (double *)ws;
+  GS_DT_SWITCH(dt, D, rc = colred<D, RED_LN_BWD>(ex, part, in, dout, mean, rstd, m, c));
+  if (rc)
+    return rc;
+  ln_bwd_finish_k<<<gs_cuda_blocks(c), 256, 0, ex->stream>>>(dgamma, dbeta, part, nk, c);
+  if ((rc = GS_LAUNCHED("layernorm_backward (gamma, beta)")) || !din)
+    return rc;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               ln_din_k<D><<<ln_blocks(m), 32 * GS_LN_WARPS, 0, ex->stream>>>(
+                   (T *)din, (const T *)dout, (const T *)in, (const T *)gamma, mean, rstd, m,
+                   c));
+  return GS_LAUNCHED("layernorm_backward");
 }

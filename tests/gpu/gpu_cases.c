@@ -26,6 +26,11 @@
  *  - add and accumulate: bit for bit;
  *  - embeddings: bit for bit (copies, one add, sums in token order);
  *    attention: see case_attention;
+ *  - batch and layer norm: abs 1e-5 and rel 1e-5 for out in fp32 (the GPU
+ *    sums fp32 runs where the CPU sums in double, and fuses multiply-adds),
+ *    four times that for din (a difference of three terms), plus eps(dt)
+ *    abs and 2 eps(dt) rel through 16 bits; mean, rstd and the running
+ *    statistics 1e-6 abs and 1e-5 rel; dgamma and dbeta as weight gradients;
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -1156,6 +1161,121 @@ static int case_add(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- batch and layer normalisation ---- */
+
+/* tolerance of a normalised value stored in dt: the two devices sum the
+ * statistics in another order (fp32 runs on the GPU) and fuse multiply-adds */
+static void tol_norm(gs_dtype dt, double *atol, double *rtol) {
+  *atol = 1e-5 + (dt == GS_F32 ? 0.0 : eps_dt(dt));
+  *rtol = dt == GS_F32 ? 1e-5 : 2 * eps_dt(dt);
+}
+
+/* One BatchNorm (layer = false) or LayerNorm (layer = true) of (m, c):
+ * forward (BatchNorm: training, then evaluation from the updated running
+ * statistics) and backward, every output compared. */
+static void norm_one(tc *t, gs_dtype dt, bool layer, uint32_t m, uint32_t c) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt), n = (size_t)m * c, ns = layer ? m : c;
+  void *x = hrand(t, dt, n, 2), *g = hrand(t, dt, c, 1), *b = hrand(t, dt, c, 1);
+  void *dout = hrand(t, dt, n, 1);
+  float *rm0 = hrand(t, GS_F32, c, 1), *rv0 = hrand(t, GS_F32, c, 1);
+  float *dg0 = hrand(t, GS_F32, c, 1), *db0 = hrand(t, GS_F32, c, 1);
+  if (t->err)
+    return;
+  for (uint32_t j = 0; j < c; j++)
+    rv0[j] = 1.0f + 0.5f * rv0[j]; /* a variance: positive */
+  size_t cws = layer ? C->layernorm_workspace(dt, m, c) : C->batchnorm_workspace(dt, m, c);
+  size_t gws = layer ? G->layernorm_workspace(dt, m, c) : G->batchnorm_workspace(dt, m, c);
+  void *cw = halloc(t, cws), *out = halloc(t, n * es), *out2 = halloc(t, n * es);
+  void *din = halloc(t, n * es);
+  float *mean = halloc(t, ns * 4), *rstd = halloc(t, ns * 4);
+  float *rm = hdup(t, rm0, c * 4), *rv = hdup(t, rv0, c * 4);
+  float *dg = hdup(t, dg0, c * 4), *db = hdup(t, db0, c * 4);
+  void *gx = dput(t, x, n * es), *gg = dput(t, g, c * es), *gb = dput(t, b, c * es);
+  void *gdout = dput(t, dout, n * es), *gout = dput(t, NULL, n * es);
+  void *gout2 = dput(t, NULL, n * es), *gdin = dput(t, NULL, n * es);
+  void *gwsp = dput(t, NULL, gws);
+  float *gmean = dput(t, NULL, ns * 4), *grstd = dput(t, NULL, ns * 4);
+  float *grm = dput(t, rm0, c * 4), *grv = dput(t, rv0, c * 4);
+  float *gdg = dput(t, dg0, c * 4), *gdb = dput(t, db0, c * 4);
+  if (t->err)
+    return;
+  const float eps = 1e-5f;
+  if (layer) {
+    tc_call(t, "cpu layernorm_forward",
+            C->layernorm_forward(CX, dt, out, mean, rstd, x, g, b, m, c, eps));
+    tc_call(t, "cpu layernorm_backward",
+            C->layernorm_backward(CX, dt, din, dg, db, dout, x, g, mean, rstd, m, c, cw));
+    tc_call(t, "gpu layernorm_forward",
+            G->layernorm_forward(GX, dt, gout, gmean, grstd, gx, gg, gb, m, c, eps));
+    tc_call(t, "gpu layernorm_backward",
+            G->layernorm_backward(GX, dt, gdin, gdg, gdb, gdout, gx, gg, gmean, grstd, m, c,
+                                  gwsp));
+  } else {
+    tc_call(t, "cpu batchnorm_forward",
+            C->batchnorm_forward(CX, dt, out, mean, rstd, rm, rv, x, g, b, m, c, eps, 0.1f,
+                                 true, cw));
+    tc_call(t, "cpu batchnorm_backward",
+            C->batchnorm_backward(CX, dt, din, dg, db, dout, x, g, mean, rstd, m, c, cw));
+    tc_call(t, "cpu batchnorm_forward (eval)",
+            C->batchnorm_forward(CX, dt, out2, NULL, NULL, rm, rv, x, g, b, m, c, eps, 0.1f,
+                                 false, cw));
+    tc_call(t, "gpu batchnorm_forward",
+            G->batchnorm_forward(GX, dt, gout, gmean, grstd, grm, grv, gx, gg, gb, m, c, eps,
+                                 0.1f, true, gwsp));
+    tc_call(t, "gpu batchnorm_backward",
+            G->batchnorm_backward(GX, dt, gdin, gdg, gdb, gdout, gx, gg, gmean, grstd, m, c,
+                                  gwsp));
+    tc_call(t, "gpu batchnorm_forward (eval)",
+            G->batchnorm_forward(GX, dt, gout2, NULL, NULL, grm, grv, gx, gg, gb, m, c, eps,
+                                 0.1f, false, gwsp));
+  }
+  const char *nm = layer ? "layernorm" : "batchnorm";
+  char what[64];
+  double a, r;
+  tol_norm(dt, &a, &r);
+  snprintf(what, sizeof what, "%s out", nm);
+  cmp(t, what, dt, out, dget(t, gout, n * es), n, a, r);
+  snprintf(what, sizeof what, "%s din", nm);
+  cmp(t, what, dt, din, dget(t, gdin, n * es), n, a * 4, r * 4);
+  snprintf(what, sizeof what, "%s mean", nm);
+  cmp(t, what, GS_F32, mean, dget(t, gmean, ns * 4), ns, 1e-6, 1e-5);
+  snprintf(what, sizeof what, "%s rstd", nm);
+  cmp(t, what, GS_F32, rstd, dget(t, grstd, ns * 4), ns, 1e-6, 1e-5);
+  tol_sum(GS_F32, m, &a, &r);
+  snprintf(what, sizeof what, "%s dgamma", nm);
+  cmp(t, what, GS_F32, dg, dget(t, gdg, c * 4), c, a, r);
+  snprintf(what, sizeof what, "%s dbeta", nm);
+  cmp(t, what, GS_F32, db, dget(t, gdb, c * 4), c, a, r);
+  if (!layer) {
+    cmp(t, "batchnorm running_mean", GS_F32, rm, dget(t, grm, c * 4), c, 1e-6, 1e-5);
+    cmp(t, "batchnorm running_var", GS_F32, rv, dget(t, grv, c * 4), c, 1e-6, 1e-5);
+    tol_norm(dt, &a, &r);
+    cmp(t, "batchnorm out (eval)", dt, out2, dget(t, gout2, n * es), n, a, r);
+  }
+}
+
+static int case_batchnorm(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  norm_one(t, dt, false, 13, 7);
+  norm_one(t, dt, false, 1, 5);     /* one row: var 0, running_var from it */
+  norm_one(t, dt, false, 300, 45);  /* columns past one block of 32 */
+  norm_one(t, dt, false, 128 * 28 * 28, 16); /* many chunks */
+  return tc_end(t);
+}
+
+static int case_layernorm(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  norm_one(t, dt, true, 13, 7);
+  norm_one(t, dt, true, 5, 600);   /* rows longer than a warp's stride many times */
+  norm_one(t, dt, true, 4096, 768); /* GPT-2 small's width, many chunks */
+  norm_one(t, dt, true, 70, 1);
+  return tc_end(t);
+}
+
 const gs_gpu_case gs_gpu_cases[] = {
     {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
@@ -1169,6 +1289,8 @@ const gs_gpu_case gs_gpu_cases[] = {
     /* transformer ops */
     {"embedding", case_embedding, true}, {"posembed", case_posembed, true},
     {"attention", case_attention, true},
+    {"batchnorm", case_batchnorm, true},
+    {"layernorm", case_layernorm, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

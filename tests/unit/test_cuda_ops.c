@@ -54,3 +54,5 @@ Test(cuda_ops, add) { run("add", true); }
 Test(cuda_ops, embedding) { run("embedding", true); }
 Test(cuda_ops, posembed) { run("posembed", true); }
 Test(cuda_ops, attention) { run("attention", true); }
+Test(cuda_ops, batchnorm) { run("batchnorm", true); }
+Test(cuda_ops, layernorm) { run("layernorm", true); }
