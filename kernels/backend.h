@@ -312,6 +312,17 @@ struct gs_backend {
                             const void *dout, const void *in, const void *gamma,
                             const float *mean, const float *rstd, uint32_t m, uint32_t c,
                             void *ws);
+
+  /* ---- GELU, the tanh approximation (GPT-2, llm.c, PyTorch's
+   *      GELU(approximate='tanh')) over `count` elements:
+   *      out = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
+   *      din = dout * (0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi)
+   *      (1 + 3 * 0.044715 x^2)), from the forward's input `in`.
+   *      out may alias in (where no backward follows: the backward needs
+   *      in); din may alias dout, not in. ---- */
+  int (*gelu_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
+  int (*gelu_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
+                       size_t count);
   /* ==== the layer graph (cpu/cpu_backend.c, cuda/cuda_backend.cu) ==== */
 
   /* ---- rows x width bytes from src (rows spitch bytes apart) to dst (rows

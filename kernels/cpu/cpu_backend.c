@@ -639,6 +639,8 @@ static gs_backend cpu_backend = {
     .layernorm_forward = gs_cpu_layernorm_forward,
     .layernorm_workspace = gs_cpu_layernorm_workspace,
     .layernorm_backward = gs_cpu_layernorm_backward,
+    .gelu_forward = gs_cpu_gelu_forward,
+    .gelu_backward = gs_cpu_gelu_backward,
     /* the layer graph */
     .copy_2d = cpu_copy_2d,
     /* transformer ops (cpu_attn.c) */

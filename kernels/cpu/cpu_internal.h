@@ -256,6 +256,9 @@ int gs_cpu_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
                               const void *dout, const void *in, const void *gamma,
                               const float *mean, const float *rstd, uint32_t m, uint32_t c,
                               void *ws);
+int gs_cpu_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
+int gs_cpu_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
+                         size_t count);
 /* Transformer ops (cpu_attn.c). */
 int gs_cpu_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
                              const void *table, uint32_t rows, uint32_t v, uint32_t c);

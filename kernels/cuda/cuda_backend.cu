@@ -293,6 +293,8 @@ static gs_backend cuda_backend = {
     /* .layernorm_forward = */ gs_cuda_layernorm_forward,
     /* .layernorm_workspace = */ gs_cuda_layernorm_workspace,
     /* .layernorm_backward = */ gs_cuda_layernorm_backward,
+    /* .gelu_forward = */ gs_cuda_gelu_forward,
+    /* .gelu_backward = */ gs_cuda_gelu_backward,
     /* the layer graph */
     /* .copy_2d = */ cuda_copy_2d,
     /* transformer ops (cuda_attn.cu) */

@@ -160,6 +160,9 @@ int gs_cuda_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamm
                                float *dbeta, const void *dout, const void *in, const void *gamma,
                                const float *mean, const float *rstd, uint32_t m, uint32_t c,
                                void *ws);
+int gs_cuda_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
+int gs_cuda_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
+                          size_t count);
 
 /* Used by cuda_gemm.cu for conv2d: im2col of images [n0, n0+nc) of in (dt)
  * into col (rows, KH*KW*C) of dt; col2im gathers dcol (f32) onto din (dt). */

@@ -1,12 +1,13 @@
 /*
  * cuda_norm.cu: the `cuda` backend's twins of cpu/cpu_norm.c: the residual
- * sums (add, accumulate), batch and layer normalisation, exactly as
- * backend.h writes their formulas.
+ * sums (add, accumulate), batch and layer normalisation and GELU, exactly
+ * as backend.h writes their formulas.
  *
  * Storage and rounding as in cuda_ops.cu (cuda_dtype.cuh): fp32 math, one
  * rounding to nearest even on store, the CPU's bits for every load and
  * store. The residual sums do the CPU's fp32 operations, so they give its
- * bits; the norms agree within the tolerances of tests/gpu/gpu_cases.c.
+ * bits; the norms and GELU agree within the tolerances of
+ * tests/gpu/gpu_cases.c.
  *
  * No float atomics: every output element is written by one thread, and the
  * reductions over rows take a split fixed by the shape (see colred_k), so
@@ -403,4 +404,52 @@ int gs_cuda_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamm
                    (T *)din, (const T *)dout, (const T *)in, (const T *)gamma, mean, rstd, m,
                    c));
   return GS_LAUNCHED("layernorm_backward");
+}
+
+/* ---- GELU (tanh approximation) ---- */
+
+#define GS_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GS_GELU_A 0.044715f
+
+template <int D>
+__global__ void gelu_fwd_k(typename st<D>::T *y, const typename st<D>::T *x, size_t count) {
+  GS_GRID_STRIDE(i, count) {
+    float v = st<D>::load(x[i]);
+    float u = GS_GELU_K * (v + GS_GELU_A * v * v * v);
+    y[i] = st<D>::store(0.5f * v * (1.0f + tanhf(u)));
+  }
+}
+
+template <int D>
+__global__ void gelu_bwd_k(typename st<D>::T *g, const typename st<D>::T *dy,
+                           const typename st<D>::T *x, size_t count) {
+  GS_GRID_STRIDE(i, count) {
+    float v = st<D>::load(x[i]);
+    float u = GS_GELU_K * (v + GS_GELU_A * v * v * v);
+    float t = tanhf(u);
+    float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GS_GELU_K *
+                                      (1.0f + 3.0f * GS_GELU_A * v * v);
+    g[i] = st<D>::store(st<D>::load(dy[i]) * d);
+  }
+}
+
+int gs_cuda_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || count == 0)
+    return rc;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               gelu_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   (T *)out, (const T *)in, count));
+  return GS_LAUNCHED("gelu_forward");
+}
+
+int gs_cuda_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
+                          size_t count) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || count == 0)
+    return rc;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               gelu_bwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   (T *)din, (const T *)dout, (const T *)in, count));
+  return GS_LAUNCHED("gelu_backward");
 }

@@ -31,6 +31,8 @@
  *    four times that for din (a difference of three terms), plus eps(dt)
  *    abs and 2 eps(dt) rel through 16 bits; mean, rstd and the running
  *    statistics 1e-6 abs and 1e-5 rel; dgamma and dbeta as weight gradients;
+ *  - GELU: abs 1e-6 and rel 1e-5 (tanhf of two libraries), plus the 16-bit
+ *    rounding step;
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -1276,6 +1278,28 @@ static int case_layernorm(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- GELU ---- */
+
+static int case_gelu(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 70001, es = gs_dtype_size(dt);
+  void *x = hrand(t, dt, n, 6), *dout = hrand(t, dt, n, 1);
+  void *out = halloc(t, n * es), *din = halloc(t, n * es);
+  void *gx = dput(t, x, n * es), *gdout = dput(t, dout, n * es), *gout = dput(t, NULL, n * es);
+  void *gdin = dput(t, NULL, n * es);
+  if (t->err)
+    return tc_end(t);
+  tc_call(t, "cpu gelu_forward", C->gelu_forward(CX, dt, out, x, n));
+  tc_call(t, "cpu gelu_backward", C->gelu_backward(CX, dt, din, dout, x, n));
+  tc_call(t, "gpu gelu_forward", G->gelu_forward(GX, dt, gout, gx, n));
+  tc_call(t, "gpu gelu_backward", G->gelu_backward(GX, dt, gdin, gdout, gx, n));
+  /* tanhf differs by an ulp or two between the libraries */
+  double a = 1e-6 + (dt == GS_F32 ? 0.0 : eps_dt(dt)), r = dt == GS_F32 ? 1e-5 : 2 * eps_dt(dt);
+  cmp(t, "gelu out", dt, out, dget(t, gout, n * es), n, a, r);
+  cmp(t, "gelu din", dt, din, dget(t, gdin, n * es), n, a, r);
+  return tc_end(t);
+}
+
 const gs_gpu_case gs_gpu_cases[] = {
     {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
@@ -1291,6 +1315,7 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"attention", case_attention, true},
     {"batchnorm", case_batchnorm, true},
     {"layernorm", case_layernorm, true},
+    {"gelu", case_gelu, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

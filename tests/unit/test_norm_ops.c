@@ -506,3 +506,76 @@ Test(norm, layernorm_threads_same_bits) {
   norm_check_threads(true, 3001, 37, GS_F32);
   norm_check_threads(true, 3001, 37, GS_F16);
 }
+
+/* ---- GELU ---- */
+
+static double gelu_ref(double x) {
+  const double k = sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+typedef struct gelu_ctx {
+  size_t n;
+  double *x, *r;
+} gelu_ctx;
+
+static double gelu_loss(void *ctx) {
+  gelu_ctx *t = ctx;
+  double l = 0;
+  for (size_t i = 0; i < t->n; i++)
+    l += gelu_ref(t->x[i]) * t->r[i];
+  return l;
+}
+
+/* fp32 forward against the definition, din against central differences;
+ * 16-bit against fp32 on the same rounded inputs; in place (out = in,
+ * din = dout) and 1 against 3 threads, the same bits. */
+Test(norm, gelu) {
+  const size_t n = 10007; /* past the op's grain: split over the threads */
+  for (int d = 0; d < 3; d++) {
+    gs_dtype dt = ALL_DT[d];
+    size_t es = gs_dtype_size(dt);
+    gelu_ctx t = {.n = n, .x = dalloc(n), .r = dalloc(n)};
+    fill(dt, t.x, n, 0, 6);
+    fill(dt, t.r, n, 0, 1);
+    t.x[0] = 0, t.x[1] = -10, t.x[2] = 10; /* the flat ends */
+    void *x = to_dt(dt, t.x, n), *dy = to_dt(dt, t.r, n);
+    void *y = malloc(n * es + 1), *g = malloc(n * es + 1);
+    cr_assert_eq(B->gelu_forward(EX, dt, y, x, n), 0);
+    cr_assert_eq(B->gelu_backward(EX, dt, g, dy, x, n), 0);
+    char what[48];
+    snprintf(what, sizeof what, "gelu (%s)", gs_dtype_name(dt));
+    if (dt == GS_F32) {
+      double *fd = dalloc(n);
+      fd_grad(gelu_loss, &t, t.x, n, 1e-4, fd);
+      for (size_t i = 0; i < n; i++) {
+        expect_close(what, "out", i, ((float *)y)[i], gelu_ref(t.x[i]), 1e-6, 1e-6);
+        expect_close(what, "din", i, ((float *)g)[i], fd[i], 1e-6, 1e-5);
+      }
+      free(fd);
+    } else { /* the fp32 op on the same rounded values, then one rounding */
+      float *y32 = falloc(n), *g32 = falloc(n), *x32 = falloc(n), *d32 = falloc(n);
+      for (size_t i = 0; i < n; i++)
+        x32[i] = (float)t.x[i], d32[i] = (float)t.r[i];
+      cr_assert_eq(B->gelu_forward(EX, GS_F32, y32, x32, n), 0);
+      cr_assert_eq(B->gelu_backward(EX, GS_F32, g32, d32, x32, n), 0);
+      for (size_t i = 0; i < n; i++) {
+        expect_close(what, "out", i, get_dt(dt, y, i), y32[i], 1e-7, eps_dt(dt));
+        expect_close(what, "din", i, get_dt(dt, g, i), g32[i], 1e-7, eps_dt(dt));
+      }
+      free(y32), free(g32), free(x32), free(d32);
+    }
+    /* 1 and 3 threads; in place */
+    void *y1 = malloc(n * es + 1), *g1 = malloc(n * es + 1);
+    cr_assert_eq(B->gelu_forward(EX1, dt, y1, x, n), 0);
+    cr_assert_eq(B->gelu_backward(EX3, dt, g1, dy, x, n), 0);
+    expect_bits(what, y1, y, n * es);
+    expect_bits(what, g1, g, n * es);
+    memcpy(g1, dy, n * es);
+    cr_assert_eq(B->gelu_backward(EX, dt, g1, g1, x, n), 0);
+    expect_bits(what, g1, g, n * es);
+    cr_assert_eq(B->gelu_forward(EX, dt, x, x, n), 0);
+    expect_bits(what, x, y, n * es);
+    free(t.x), free(t.r), free(x), free(dy), free(y), free(g), free(y1), free(g1);
+  }
+}
