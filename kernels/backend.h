@@ -323,6 +323,26 @@ struct gs_backend {
   int (*gelu_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
   int (*gelu_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
                        size_t count);
+
+  /* ---- dropout over `count` elements, its mask a pure function of a
+   *      64-bit seed and the element's index i (no mask buffer), the same
+   *      on every backend: h(i) is output i (0-based) of splitmix64 seeded
+   *      with seed, i.e. with all arithmetic mod 2^64,
+   *        z = seed + (i + 1) * 0x9E3779B97F4A7C15
+   *        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+   *        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+   *        h = z ^ (z >> 31)
+   *      and element i is kept iff (h >> 40) >= ceil(rate * 2^24), i.e. iff
+   *      the 24-bit uniform (h >> 40) / 2^24 is >= rate. rate in [0, 1).
+   *      Forward: out = kept ? x * scale : +0, scale = 1 / (1 - rate)
+   *      computed in fp32 (1.0f / (1.0f - rate)), one rounding to dt.
+   *      Backward: din = kept ? dout * scale : +0, the same mask from the
+   *      same seed. out may alias in, din may alias dout. rate = 0 keeps
+   *      every element with scale 1 (out = in). ---- */
+  int (*dropout_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
+                         float rate, uint64_t seed);
+  int (*dropout_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                          size_t count, float rate, uint64_t seed);
   /* ==== the layer graph (cpu/cpu_backend.c, cuda/cuda_backend.cu) ==== */
 
   /* ---- rows x width bytes from src (rows spitch bytes apart) to dst (rows

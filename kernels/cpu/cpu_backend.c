@@ -641,6 +641,8 @@ static gs_backend cpu_backend = {
     .layernorm_backward = gs_cpu_layernorm_backward,
     .gelu_forward = gs_cpu_gelu_forward,
     .gelu_backward = gs_cpu_gelu_backward,
+    .dropout_forward = gs_cpu_dropout_forward,
+    .dropout_backward = gs_cpu_dropout_backward,
     /* the layer graph */
     .copy_2d = cpu_copy_2d,
     /* transformer ops (cpu_attn.c) */

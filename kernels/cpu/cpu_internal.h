@@ -259,6 +259,10 @@ int gs_cpu_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
 int gs_cpu_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
 int gs_cpu_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
                          size_t count);
+int gs_cpu_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
+                           float rate, uint64_t seed);
+int gs_cpu_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            size_t count, float rate, uint64_t seed);
 /* Transformer ops (cpu_attn.c). */
 int gs_cpu_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
                              const void *table, uint32_t rows, uint32_t v, uint32_t c);

@@ -1,8 +1,8 @@
 /*
  * cpu_norm.c: the ops that residual networks and transformers add to the
  * layer kinds of cpu_conv.c and cpu_dense.c: the residual sums (add,
- * accumulate), batch and layer normalisation and GELU, exactly as
- * backend.h writes their formulas.
+ * accumulate), batch and layer normalisation, GELU and dropout, exactly
+ * as backend.h writes their formulas.
  *
  * Storage. 16-bit tensors are converted to fp32 a stack block at a time
  * (GS_NORM_BLK floats), computed in fp32 and rounded once on store, so an
@@ -497,5 +497,62 @@ int gs_cpu_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, 
                          size_t count) {
   struct gelu_job j = {.dt = dt, .dst = din, .a = dout, .b = in};
   gs_cpu_parallel(ex, count, GS_NORM_GRAIN / 4, gelu_bwd_part, &j);
+  return 0;
+}
+
+/* ---- dropout ---- */
+
+/* output i of splitmix64 seeded with seed (backend.h) */
+static inline uint64_t dropout_hash(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* ceil(rate * 2^24): element i is kept iff (h(i) >> 40) >= this */
+static uint32_t dropout_threshold(float rate) {
+  return (uint32_t)ceil((double)rate * 16777216.0);
+}
+
+struct dropout_job {
+  gs_dtype dt;
+  void *dst;
+  const void *src;
+  uint64_t seed;
+  uint32_t thr;
+  float scale;
+};
+
+GS_CPU_HOT static void dropout_part(void *ctx, size_t lo, size_t hi) {
+  const struct dropout_job *j = ctx;
+  float tx[GS_NORM_BLK], y[GS_NORM_BLK];
+  for (size_t i = lo; i < hi; i += GS_NORM_BLK) {
+    size_t n = hi - i < GS_NORM_BLK ? hi - i : GS_NORM_BLK;
+    const float *x = ld(j->dt, j->src, i, tx, n);
+    for (size_t q = 0; q < n; q++) {
+      bool keep = (uint32_t)(dropout_hash(j->seed, i + q) >> 40) >= j->thr;
+      y[q] = keep ? x[q] * j->scale : 0.0f;
+    }
+    gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, i), y, n);
+  }
+}
+
+static void dropout_run(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count,
+                        float rate, uint64_t seed) {
+  struct dropout_job j = {.dt = dt, .dst = dst, .src = src, .seed = seed,
+                          .thr = dropout_threshold(rate), .scale = 1.0f / (1.0f - rate)};
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, dropout_part, &j);
+}
+
+int gs_cpu_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
+                           float rate, uint64_t seed) {
+  dropout_run(ex, dt, out, in, count, rate, seed);
+  return 0;
+}
+
+int gs_cpu_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            size_t count, float rate, uint64_t seed) {
+  dropout_run(ex, dt, din, dout, count, rate, seed);
   return 0;
 }

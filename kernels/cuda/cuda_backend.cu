@@ -295,6 +295,8 @@ static gs_backend cuda_backend = {
     /* .layernorm_backward = */ gs_cuda_layernorm_backward,
     /* .gelu_forward = */ gs_cuda_gelu_forward,
     /* .gelu_backward = */ gs_cuda_gelu_backward,
+    /* .dropout_forward = */ gs_cuda_dropout_forward,
+    /* .dropout_backward = */ gs_cuda_dropout_backward,
     /* the layer graph */
     /* .copy_2d = */ cuda_copy_2d,
     /* transformer ops (cuda_attn.cu) */

@@ -163,6 +163,10 @@ int gs_cuda_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamm
 int gs_cuda_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count);
 int gs_cuda_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
                           size_t count);
+int gs_cuda_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
+                            float rate, uint64_t seed);
+int gs_cuda_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                             size_t count, float rate, uint64_t seed);
 
 /* Used by cuda_gemm.cu for conv2d: im2col of images [n0, n0+nc) of in (dt)
  * into col (rows, KH*KW*C) of dt; col2im gathers dcol (f32) onto din (dt). */

@@ -1,12 +1,12 @@
 /*
  * cuda_norm.cu: the `cuda` backend's twins of cpu/cpu_norm.c: the residual
- * sums (add, accumulate), batch and layer normalisation and GELU, exactly
- * as backend.h writes their formulas.
+ * sums (add, accumulate), batch and layer normalisation, GELU and dropout,
+ * exactly as backend.h writes their formulas.
  *
  * Storage and rounding as in cuda_ops.cu (cuda_dtype.cuh): fp32 math, one
  * rounding to nearest even on store, the CPU's bits for every load and
- * store. The residual sums do the CPU's fp32 operations, so they give its
- * bits; the norms and GELU agree within the tolerances of
+ * store. The residual sums and dropout do the CPU's fp32 operations, so
+ * they give its bits; the norms and GELU agree within the tolerances of
  * tests/gpu/gpu_cases.c.
  *
  * No float atomics: every output element is written by one thread, and the
@@ -452,4 +452,48 @@ int gs_cuda_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                gelu_bwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
                    (T *)din, (const T *)dout, (const T *)in, count));
   return GS_LAUNCHED("gelu_backward");
+}
+
+/* ---- dropout: the mask of backend.h, from the seed and the index ---- */
+
+/* output i of splitmix64 seeded with seed */
+__device__ __forceinline__ uint64_t dropout_hash(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* y = kept ? x * scale : +0; scale and the threshold come from the host,
+ * computed as the CPU does, so both give the same bits */
+template <int D>
+__global__ void dropout_k(typename st<D>::T *y, const typename st<D>::T *x, size_t count,
+                          uint64_t seed, uint32_t thr, float scale) {
+  GS_GRID_STRIDE(i, count) {
+    bool keep = (uint32_t)(dropout_hash(seed, i) >> 40) >= thr;
+    y[i] = st<D>::store(keep ? __fmul_rn(st<D>::load(x[i]), scale) : 0.0f);
+  }
+}
+
+static int dropout_run(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count,
+                       float rate, uint64_t seed, const char *what) {
+  int rc = gs_cuda_enter(ex);
+  if (rc || count == 0)
+    return rc;
+  uint32_t thr = (uint32_t)ceil((double)rate * 16777216.0); /* ceil(rate * 2^24) */
+  float scale = 1.0f / (1.0f - rate);
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               dropout_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   (T *)dst, (const T *)src, count, seed, thr, scale));
+  return GS_LAUNCHED(what);
+}
+
+int gs_cuda_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
+                            float rate, uint64_t seed) {
+  return dropout_run(ex, dt, out, in, count, rate, seed, "dropout_forward");
+}
+
+int gs_cuda_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                             size_t count, float rate, uint64_t seed) {
+  return dropout_run(ex, dt, din, dout, count, rate, seed, "dropout_backward");
 }

@@ -33,6 +33,7 @@
  *    statistics 1e-6 abs and 1e-5 rel; dgamma and dbeta as weight gradients;
  *  - GELU: abs 1e-6 and rel 1e-5 (tanhf of two libraries), plus the 16-bit
  *    rounding step;
+ *  - dropout: bit for bit (the same mask from the same hash, one multiply);
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -1300,6 +1301,27 @@ static int case_gelu(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- dropout: the same mask and bits on both devices ---- */
+
+static int case_dropout(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  size_t n = 100003, es = gs_dtype_size(dt);
+  void *x = hrand(t, dt, n, 4);
+  void *out = halloc(t, n * es), *gx = dput(t, x, n * es), *gout = dput(t, NULL, n * es);
+  if (t->err)
+    return tc_end(t);
+  const float rates[] = {0.0f, 0.1f, 0.5f, 0.9f};
+  for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+    uint64_t seed = 0x9e3779b97f4a7c15ull * (i + 1);
+    tc_call(t, "cpu dropout_forward", C->dropout_forward(CX, dt, out, x, n, rates[i], seed));
+    tc_call(t, "gpu dropout_forward", G->dropout_forward(GX, dt, gout, gx, n, rates[i], seed));
+    cmp_bits(t, "dropout out", out, dget(t, gout, n * es), n * es, es);
+    tc_call(t, "gpu dropout_backward", G->dropout_backward(GX, dt, gout, gx, n, rates[i], seed));
+    cmp_bits(t, "dropout din", out, dget(t, gout, n * es), n * es, es);
+  }
+  return tc_end(t);
+}
+
 const gs_gpu_case gs_gpu_cases[] = {
     {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
@@ -1316,6 +1338,7 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"batchnorm", case_batchnorm, true},
     {"layernorm", case_layernorm, true},
     {"gelu", case_gelu, true},
+    {"dropout", case_dropout, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

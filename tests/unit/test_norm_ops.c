@@ -579,3 +579,85 @@ Test(norm, gelu) {
     free(t.x), free(t.r), free(x), free(dy), free(y), free(g), free(y1), free(g1);
   }
 }
+
+/* ---- dropout ---- */
+
+/* The mask as backend.h defines it, written out again here. */
+static uint64_t splitmix(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static bool kept(uint64_t seed, size_t i, float rate) {
+  return (double)(splitmix(seed, i) >> 40) >= ceil((double)rate * 16777216.0);
+}
+
+/* The hash is splitmix64: its published first outputs for seed 1234567. */
+Test(norm, dropout_hash_is_splitmix64) {
+  const uint64_t want[5] = {6457827717110365317ull, 3203168211198807973ull,
+                            9817491932198370423ull, 4593380528125082431ull,
+                            16408922859458223821ull};
+  for (int i = 0; i < 5; i++)
+    cr_assert_eq(splitmix(1234567, (uint64_t)i), want[i], "output %d", i);
+}
+
+/* The op's mask is the definition's (every element, bit for bit, as x *
+ * scale rounded once or +0); the kept fraction is within 6 standard
+ * deviations of 1 - rate; the backward is dout * mask / (1 - rate) from
+ * the same seed; another seed gives another mask; 1 and 3 threads and in
+ * place the same bits. */
+Test(norm, dropout) {
+  const size_t n = 100003;
+  const float rates[] = {0.0f, 0.1f, 0.5f, 0.9f};
+  const uint64_t seeds[] = {0, 42, 0xdeadbeefcafef00dull};
+  for (int d = 0; d < 3; d++) {
+    gs_dtype dt = ALL_DT[d];
+    size_t es = gs_dtype_size(dt);
+    double *xv = dalloc(n);
+    fill(dt, xv, n, 0, 4);
+    void *x = to_dt(dt, xv, n), *y = malloc(n * es + 1), *y1 = malloc(n * es + 1);
+    void *g = malloc(n * es + 1);
+    for (size_t ri = 0; ri < sizeof rates / sizeof rates[0]; ri++)
+      for (size_t si = 0; si < sizeof seeds / sizeof seeds[0]; si++) {
+        float rate = rates[ri];
+        uint64_t seed = seeds[si];
+        float scale = 1.0f / (1.0f - rate);
+        cr_assert_eq(B->dropout_forward(EX, dt, y, x, n, rate, seed), 0);
+        cr_assert_eq(B->dropout_backward(EX, dt, g, x, n, rate, seed), 0); /* dout = x */
+        size_t nkept = 0;
+        for (size_t i = 0; i < n; i++) {
+          bool k = kept(seed, i, rate);
+          nkept += k;
+          double want = k ? round_dt(dt, (float)xv[i] * scale) : 0.0;
+          cr_assert_eq(get_dt(dt, y, i), want, "%s rate %g seed %llu: out[%zu]",
+                       gs_dtype_name(dt), rate, (unsigned long long)seed, i);
+          if (!k)
+            cr_assert(!signbit(get_dt(dt, y, i)), "a dropped element is +0");
+        }
+        expect_bits("dropout backward = forward of dout", g, y, n * es);
+        double p = 1.0 - rate, sd = sqrt((double)n * p * rate);
+        cr_assert(fabs((double)nkept - (double)n * p) <= 6 * sd + 0.5,
+                  "rate %g: kept %zu of %zu", rate, nkept, n);
+        if (rate == 0.0f)
+          expect_bits("rate 0 keeps everything unscaled", y, x, n * es);
+        cr_assert_eq(B->dropout_forward(EX1, dt, y1, x, n, rate, seed), 0);
+        expect_bits("dropout, 1 vs 2 threads", y1, y, n * es);
+        cr_assert_eq(B->dropout_forward(EX3, dt, y1, x, n, rate, seed), 0);
+        expect_bits("dropout, 3 vs 2 threads", y1, y, n * es);
+        memcpy(y1, x, n * es);
+        cr_assert_eq(B->dropout_forward(EX, dt, y1, y1, n, rate, seed), 0);
+        expect_bits("dropout in place", y1, y, n * es);
+        if (rate > 0.0f) { /* another seed: another mask */
+          cr_assert_eq(B->dropout_forward(EX, dt, y1, x, n, rate, seed + 1), 0);
+          size_t differ = 0;
+          for (size_t i = 0; i < n; i++)
+            differ += (get_dt(dt, y1, i) == 0) != (get_dt(dt, y, i) == 0);
+          cr_assert(differ > n / 100, "seed %llu and the next: %zu masks differ",
+                    (unsigned long long)seed, differ);
+        }
+      }
+    free(xv), free(x), free(y), free(y1), free(g);
+  }
+}
