@@ -343,6 +343,17 @@ struct gs_backend {
                          float rate, uint64_t seed);
   int (*dropout_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                           size_t count, float rate, uint64_t seed);
+
+  /* ---- average pool (VALID windows, s->same ignored: always VALID, as
+   *      max pool): in (N, H, W, C), out (N, OH, OW, C) = the mean of each
+   *      KH x KW window (fp32 sum in window order, divided by KH*KW).
+   *      Backward: each input element gets the sum of dout over the windows
+   *      that contain it (overlapping windows add), divided by KH*KW; din
+   *      overwritten, 0 where no window reaches. ---- */
+  int (*avgpool_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                         const gs_conv_shape *s);
+  int (*avgpool_backward)(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                          const gs_conv_shape *s);
   /* ==== the layer graph (cpu/cpu_backend.c, cuda/cuda_backend.cu) ==== */
 
   /* ---- rows x width bytes from src (rows spitch bytes apart) to dst (rows

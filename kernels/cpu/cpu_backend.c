@@ -643,6 +643,8 @@ static gs_backend cpu_backend = {
     .gelu_backward = gs_cpu_gelu_backward,
     .dropout_forward = gs_cpu_dropout_forward,
     .dropout_backward = gs_cpu_dropout_backward,
+    .avgpool_forward = gs_cpu_avgpool_forward,
+    .avgpool_backward = gs_cpu_avgpool_backward,
     /* the layer graph */
     .copy_2d = cpu_copy_2d,
     /* transformer ops (cpu_attn.c) */

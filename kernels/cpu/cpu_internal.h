@@ -263,6 +263,10 @@ int gs_cpu_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, 
                            float rate, uint64_t seed);
 int gs_cpu_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                             size_t count, float rate, uint64_t seed);
+int gs_cpu_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                           const gs_conv_shape *s);
+int gs_cpu_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            const gs_conv_shape *s);
 /* Transformer ops (cpu_attn.c). */
 int gs_cpu_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t *ids,
                              const void *table, uint32_t rows, uint32_t v, uint32_t c);

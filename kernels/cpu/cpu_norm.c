@@ -1,8 +1,8 @@
 /*
  * cpu_norm.c: the ops that residual networks and transformers add to the
  * layer kinds of cpu_conv.c and cpu_dense.c: the residual sums (add,
- * accumulate), batch and layer normalisation, GELU and dropout, exactly
- * as backend.h writes their formulas.
+ * accumulate), batch and layer normalisation, GELU, dropout and average
+ * pooling, exactly as backend.h writes their formulas.
  *
  * Storage. 16-bit tensors are converted to fp32 a stack block at a time
  * (GS_NORM_BLK floats), computed in fp32 and rounded once on store, so an
@@ -554,5 +554,107 @@ int gs_cpu_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, 
 int gs_cpu_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                             size_t count, float rate, uint64_t seed) {
   dropout_run(ex, dt, din, dout, count, rate, seed);
+  return 0;
+}
+
+/* ---- average pool (VALID) ---- */
+
+struct avgpool_job {
+  gs_dtype dt;
+  void *dst;
+  const void *src;
+  gs_conv_shape s; /* oh, ow: VALID */
+};
+
+/* output rows (img, oy) [lo, hi) */
+GS_CPU_HOT static void avgpool_fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct avgpool_job *j = ctx;
+  const gs_conv_shape *s = &j->s;
+  const size_t c = s->c, taps = (size_t)s->kh * s->kw;
+  float tx[GS_NORM_BLK], acc[GS_NORM_BLK];
+  for (size_t row = lo; row < hi; row++) {
+    size_t img = row / s->oh, oy = row % s->oh;
+    for (size_t ox = 0; ox < s->ow; ox++)
+      for (size_t c0 = 0; c0 < c; c0 += GS_NORM_BLK) {
+        size_t cb = c - c0 < GS_NORM_BLK ? c - c0 : GS_NORM_BLK;
+        memset(acc, 0, cb * sizeof *acc);
+        for (size_t ky = 0; ky < s->kh; ky++)
+          for (size_t kx = 0; kx < s->kw; kx++) {
+            size_t iy = oy * s->stride + ky, ix = ox * s->stride + kx;
+            const float *x = ld(j->dt, j->src, ((img * s->h + iy) * s->w + ix) * c + c0, tx, cb);
+            for (size_t q = 0; q < cb; q++)
+              acc[q] += x[q];
+          }
+        for (size_t q = 0; q < cb; q++)
+          acc[q] /= (float)taps;
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, ((img * s->oh + oy) * s->ow + ox) * c + c0),
+                         acc, cb);
+      }
+  }
+}
+
+/* input rows (img, iy) [lo, hi): each element gathers dout over the windows
+ * that contain it */
+GS_CPU_HOT static void avgpool_bwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct avgpool_job *j = ctx;
+  const gs_conv_shape *s = &j->s;
+  const size_t c = s->c, taps = (size_t)s->kh * s->kw, st = s->stride;
+  float td[GS_NORM_BLK], acc[GS_NORM_BLK];
+  for (size_t row = lo; row < hi; row++) {
+    size_t img = row / s->h, iy = row % s->h;
+    /* windows oy with oy * st <= iy <= oy * st + kh - 1, likewise ox */
+    size_t oy0 = iy + 1 <= s->kh ? 0 : (iy - s->kh + st) / st;
+    size_t oy1 = iy / st < s->oh ? iy / st : s->oh - 1;
+    for (size_t ix = 0; ix < s->w; ix++) {
+      size_t ox0 = ix + 1 <= s->kw ? 0 : (ix - s->kw + st) / st;
+      size_t ox1 = ix / st < s->ow ? ix / st : s->ow - 1;
+      for (size_t c0 = 0; c0 < c; c0 += GS_NORM_BLK) {
+        size_t cb = c - c0 < GS_NORM_BLK ? c - c0 : GS_NORM_BLK;
+        memset(acc, 0, cb * sizeof *acc);
+        for (size_t oy = oy0; oy <= oy1; oy++)
+          for (size_t ox = ox0; ox <= ox1; ox++) {
+            const float *d =
+                ld(j->dt, j->src, ((img * s->oh + oy) * s->ow + ox) * c + c0, td, cb);
+            for (size_t q = 0; q < cb; q++)
+              acc[q] += d[q];
+          }
+        for (size_t q = 0; q < cb; q++)
+          acc[q] /= (float)taps;
+        gs_cpu_store_f32(j->dt, gs_cpu_at_mut(j->dt, j->dst, ((img * s->h + iy) * s->w + ix) * c + c0),
+                         acc, cb);
+      }
+    }
+  }
+}
+
+static gs_conv_shape valid_shape(const gs_conv_shape *s) {
+  gs_conv_shape v = *s;
+  v.same = false;
+  v.oh = gs_window_out(s->h, s->kh, s->stride, false);
+  v.ow = gs_window_out(s->w, s->kw, s->stride, false);
+  return v;
+}
+
+int gs_cpu_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                           const gs_conv_shape *s) {
+  struct avgpool_job j = {.dt = dt, .dst = out, .src = in, .s = valid_shape(s)};
+  size_t rows = (size_t)j.s.n * j.s.oh;
+  if (rows == 0 || j.s.ow == 0 || j.s.c == 0)
+    return 0;
+  gs_cpu_parallel(ex, rows, 1, avgpool_fwd_part, &j);
+  return 0;
+}
+
+int gs_cpu_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                            const gs_conv_shape *s) {
+  struct avgpool_job j = {.dt = dt, .dst = din, .src = dout, .s = valid_shape(s)};
+  size_t rows = (size_t)j.s.n * j.s.h;
+  if (rows == 0 || j.s.w == 0 || j.s.c == 0)
+    return 0;
+  if (j.s.oh == 0 || j.s.ow == 0) { /* no window: no gradient */
+    memset(din, 0, rows * j.s.w * j.s.c * gs_dtype_size(dt));
+    return 0;
+  }
+  gs_cpu_parallel(ex, rows, 1, avgpool_bwd_part, &j);
   return 0;
 }

@@ -297,6 +297,8 @@ static gs_backend cuda_backend = {
     /* .gelu_backward = */ gs_cuda_gelu_backward,
     /* .dropout_forward = */ gs_cuda_dropout_forward,
     /* .dropout_backward = */ gs_cuda_dropout_backward,
+    /* .avgpool_forward = */ gs_cuda_avgpool_forward,
+    /* .avgpool_backward = */ gs_cuda_avgpool_backward,
     /* the layer graph */
     /* .copy_2d = */ cuda_copy_2d,
     /* transformer ops (cuda_attn.cu) */

@@ -167,6 +167,10 @@ int gs_cuda_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                             float rate, uint64_t seed);
 int gs_cuda_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                              size_t count, float rate, uint64_t seed);
+int gs_cuda_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                            const gs_conv_shape *s);
+int gs_cuda_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                             const gs_conv_shape *s);
 
 /* Used by cuda_gemm.cu for conv2d: im2col of images [n0, n0+nc) of in (dt)
  * into col (rows, KH*KW*C) of dt; col2im gathers dcol (f32) onto din (dt). */

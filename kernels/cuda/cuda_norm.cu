@@ -1,13 +1,13 @@
 /*
  * cuda_norm.cu: the `cuda` backend's twins of cpu/cpu_norm.c: the residual
- * sums (add, accumulate), batch and layer normalisation, GELU and dropout,
- * exactly as backend.h writes their formulas.
+ * sums (add, accumulate), batch and layer normalisation, GELU, dropout and
+ * average pooling, exactly as backend.h writes their formulas.
  *
  * Storage and rounding as in cuda_ops.cu (cuda_dtype.cuh): fp32 math, one
  * rounding to nearest even on store, the CPU's bits for every load and
- * store. The residual sums and dropout do the CPU's fp32 operations, so
- * they give its bits; the norms and GELU agree within the tolerances of
- * tests/gpu/gpu_cases.c.
+ * store. The residual sums, dropout and average pooling do the CPU's fp32
+ * operations in the CPU's order, so they give its bits; the norms and GELU
+ * agree within the tolerances of tests/gpu/gpu_cases.c.
  *
  * No float atomics: every output element is written by one thread, and the
  * reductions over rows take a split fixed by the shape (see colred_k), so
@@ -496,4 +496,92 @@ int gs_cuda_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
 int gs_cuda_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                              size_t count, float rate, uint64_t seed) {
   return dropout_run(ex, dt, din, dout, count, rate, seed, "dropout_backward");
+}
+
+/* ---- average pool (VALID) ---- */
+
+typedef struct pgeo {
+  int n, h, w, c, kh, kw, stride, oh, ow;
+} pgeo;
+
+static pgeo pgeo_of(const gs_conv_shape *s) {
+  pgeo g;
+  g.n = (int)s->n;
+  g.h = (int)s->h;
+  g.w = (int)s->w;
+  g.c = (int)s->c;
+  g.kh = (int)s->kh;
+  g.kw = (int)s->kw;
+  g.stride = (int)s->stride;
+  g.oh = (int)gs_window_out(s->h, s->kh, s->stride, false);
+  g.ow = (int)gs_window_out(s->w, s->kw, s->stride, false);
+  return g;
+}
+
+template <int D>
+__global__ void avgpool_fwd_k(pgeo g, typename st<D>::T *out, const typename st<D>::T *in) {
+  GS_GRID_STRIDE(i, (size_t)g.n * g.oh * g.ow * g.c) {
+    int ci = (int)(i % g.c);
+    size_t t = i / g.c;
+    int ox = (int)(t % g.ow);
+    t /= g.ow;
+    int oy = (int)(t % g.oh), img = (int)(t / g.oh);
+    size_t base =
+        (((size_t)img * g.h + (size_t)oy * g.stride) * g.w + (size_t)ox * g.stride) * g.c + ci;
+    float acc = 0.0f;
+    for (int ky = 0; ky < g.kh; ky++)
+      for (int kx = 0; kx < g.kw; kx++)
+        acc += st<D>::load(in[base + ((size_t)ky * g.w + kx) * g.c]);
+    out[i] = st<D>::store(acc / (float)(g.kh * g.kw));
+  }
+}
+
+/* din: each input element sums dout over the windows that contain it, in
+ * the CPU's order (oy, then ox) */
+template <int D>
+__global__ void avgpool_bwd_k(pgeo g, typename st<D>::T *din, const typename st<D>::T *dout) {
+  GS_GRID_STRIDE(i, (size_t)g.n * g.h * g.w * g.c) {
+    int ci = (int)(i % g.c);
+    size_t t = i / g.c;
+    int ix = (int)(t % g.w);
+    t /= g.w;
+    int iy = (int)(t % g.h), img = (int)(t / g.h);
+    /* windows oy with oy*s <= iy <= oy*s + kh - 1, likewise ox */
+    int oy0 = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.stride) / g.stride;
+    int ox0 = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.stride) / g.stride;
+    int oy1 = min(iy / g.stride, g.oh - 1), ox1 = min(ix / g.stride, g.ow - 1);
+    float acc = 0.0f;
+    for (int oy = oy0; oy <= oy1; oy++)
+      for (int ox = ox0; ox <= ox1; ox++)
+        acc += st<D>::load(dout[(((size_t)img * g.oh + oy) * g.ow + ox) * g.c + ci]);
+    din[i] = st<D>::store(acc / (float)(g.kh * g.kw));
+  }
+}
+
+int gs_cuda_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
+                            const gs_conv_shape *s) {
+  int rc = gs_cuda_enter(ex);
+  pgeo g = pgeo_of(s);
+  size_t count = (size_t)g.n * g.oh * g.ow * g.c;
+  if (rc || count == 0)
+    return rc;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               avgpool_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   g, (T *)out, (const T *)in));
+  return GS_LAUNCHED("avgpool_forward");
+}
+
+int gs_cuda_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
+                             const gs_conv_shape *s) {
+  int rc = gs_cuda_enter(ex);
+  pgeo g = pgeo_of(s);
+  size_t count = (size_t)g.n * g.h * g.w * g.c;
+  if (rc || count == 0)
+    return rc;
+  if (g.oh == 0 || g.ow == 0)
+    return GS_CU(cudaMemsetAsync(din, 0, count * gs_dtype_size(dt), ex->stream));
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+               avgpool_bwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
+                   g, (T *)din, (const T *)dout));
+  return GS_LAUNCHED("avgpool_backward");
 }

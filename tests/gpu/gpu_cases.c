@@ -34,6 +34,7 @@
  *  - GELU: abs 1e-6 and rel 1e-5 (tanhf of two libraries), plus the 16-bit
  *    rounding step;
  *  - dropout: bit for bit (the same mask from the same hash, one multiply);
+ *  - average pool: bit for bit (the same sums in the same order);
  *  - the 50-step MLP trajectory: fp32 losses within 1e-4 + 1e-3 |ref|,
  *    16-bit within 2e-2 + 2e-2 |ref| (rounding differences compound over
  *    steps), and the loss must fall on both devices.
@@ -1322,6 +1323,40 @@ static int case_dropout(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* ---- average pool: the same sums in the same order, bit for bit ---- */
+
+static void avgpool_one(tc *t, gs_dtype dt, gs_conv_shape s) {
+  gs_backend *C = t->e->cpu, *G = t->e->gpu;
+  gs_exec *CX = t->e->cex, *GX = t->e->gex;
+  size_t es = gs_dtype_size(dt);
+  uint32_t oh = gs_window_out(s.h, s.kh, s.stride, false);
+  uint32_t ow = gs_window_out(s.w, s.kw, s.stride, false);
+  size_t nx = (size_t)s.n * s.h * s.w * s.c, ny = (size_t)s.n * oh * ow * s.c;
+  void *x = hrand(t, dt, nx, 2), *dout = hrand(t, dt, ny, 1);
+  void *out = halloc(t, ny * es), *din = halloc(t, nx * es);
+  void *gx = dput(t, x, nx * es), *gdout = dput(t, dout, ny * es);
+  void *gout = dput(t, NULL, ny * es), *gdin = dput(t, NULL, nx * es);
+  if (t->err)
+    return;
+  tc_call(t, "cpu avgpool_forward", C->avgpool_forward(CX, dt, out, x, &s));
+  tc_call(t, "cpu avgpool_backward", C->avgpool_backward(CX, dt, din, dout, &s));
+  tc_call(t, "gpu avgpool_forward", G->avgpool_forward(GX, dt, gout, gx, &s));
+  tc_call(t, "gpu avgpool_backward", G->avgpool_backward(GX, dt, gdin, gdout, &s));
+  cmp_bits(t, "avgpool out", out, dget(t, gout, ny * es), ny * es, es);
+  cmp_bits(t, "avgpool din", din, dget(t, gdin, nx * es), nx * es, es);
+}
+
+static int case_avgpool(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  (void)C, (void)G, (void)CX, (void)GX;
+  avgpool_one(t, dt, shape(2, 7, 9, 3, 3, 2, false, 3));
+  avgpool_one(t, dt, shape(1, 5, 5, 4, 2, 1, false, 4));  /* overlapping windows */
+  avgpool_one(t, dt, shape(3, 8, 7, 5, 2, 3, false, 5));  /* gaps between windows */
+  avgpool_one(t, dt, shape(2, 2, 3, 3, 3, 1, false, 3));  /* no window fits: din 0 */
+  avgpool_one(t, dt, shape(8, 32, 32, 64, 2, 2, false, 64));
+  return tc_end(t);
+}
+
 const gs_gpu_case gs_gpu_cases[] = {
     {"dense", case_dense, true},       {"conv2d", case_conv2d, true},
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
@@ -1339,6 +1374,7 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"layernorm", case_layernorm, true},
     {"gelu", case_gelu, true},
     {"dropout", case_dropout, true},
+    {"avgpool", case_avgpool, true},
 };
 const size_t gs_gpu_ncases = sizeof gs_gpu_cases / sizeof gs_gpu_cases[0];
 

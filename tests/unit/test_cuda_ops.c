@@ -58,3 +58,4 @@ Test(cuda_ops, batchnorm) { run("batchnorm", true); }
 Test(cuda_ops, layernorm) { run("layernorm", true); }
 Test(cuda_ops, gelu) { run("gelu", true); }
 Test(cuda_ops, dropout) { run("dropout", true); }
+Test(cuda_ops, avgpool) { run("avgpool", true); }

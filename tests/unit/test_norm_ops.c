@@ -661,3 +661,101 @@ Test(norm, dropout) {
     free(xv), free(x), free(y), free(y1), free(g);
   }
 }
+
+/* ---- average pool ---- */
+
+typedef struct pool_ctx {
+  gs_conv_shape s; /* oh, ow: VALID */
+  double *x, *r, *y;
+} pool_ctx;
+
+static void pool_ref_forward(pool_ctx *t) {
+  const gs_conv_shape *s = &t->s;
+  for (size_t n = 0; n < s->n; n++)
+    for (size_t oy = 0; oy < s->oh; oy++)
+      for (size_t ox = 0; ox < s->ow; ox++)
+        for (size_t c = 0; c < s->c; c++) {
+          double acc = 0;
+          for (size_t ky = 0; ky < s->kh; ky++)
+            for (size_t kx = 0; kx < s->kw; kx++)
+              acc += t->x[((n * s->h + oy * s->stride + ky) * s->w + ox * s->stride + kx) * s->c +
+                          c];
+          t->y[((n * s->oh + oy) * s->ow + ox) * s->c + c] = acc / (double)(s->kh * s->kw);
+        }
+}
+
+static double pool_loss(void *ctx) {
+  pool_ctx *t = ctx;
+  pool_ref_forward(t);
+  size_t ny = (size_t)t->s.n * t->s.oh * t->s.ow * t->s.c;
+  double l = 0;
+  for (size_t i = 0; i < ny; i++)
+    l += t->y[i] * t->r[i];
+  return l;
+}
+
+static gs_conv_shape pool_shape(uint32_t n, uint32_t h, uint32_t w, uint32_t c, uint32_t kh,
+                                uint32_t kw, uint32_t stride) {
+  gs_conv_shape s = {.n = n, .h = h, .w = w, .c = c, .kh = kh, .kw = kw, .stride = stride,
+                     .same = false, .f = c};
+  gs_conv_shape_init(&s);
+  return s;
+}
+
+/* forward against the definition, din against central differences (exact
+ * for a linear op), 16-bit against fp32, 1 against 3 threads; odd shapes,
+ * overlapping windows (stride < k), gaps (stride > k), a window larger
+ * than the image (no output, din 0), SAME asked for and ignored. */
+Test(norm, avgpool) {
+  gs_conv_shape shapes[] = {
+      pool_shape(2, 7, 9, 3, 3, 3, 2), pool_shape(1, 5, 5, 4, 2, 2, 1),
+      pool_shape(3, 6, 6, 5, 3, 3, 3), pool_shape(1, 8, 7, 2, 2, 3, 3),
+      pool_shape(2, 2, 3, 3, 3, 3, 1), pool_shape(1, 9, 9, 600, 3, 3, 2),
+  };
+  shapes[1].same = true; /* ignored: always VALID */
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    pool_ctx t = {.s = shapes[si]};
+    t.s.oh = gs_window_out(t.s.h, t.s.kh, t.s.stride, false);
+    t.s.ow = gs_window_out(t.s.w, t.s.kw, t.s.stride, false);
+    size_t nx = (size_t)t.s.n * t.s.h * t.s.w * t.s.c, ny = (size_t)t.s.n * t.s.oh * t.s.ow * t.s.c;
+    t.x = dalloc(nx), t.r = dalloc(ny), t.y = dalloc(ny);
+    double *o32 = dalloc(ny), *d32 = dalloc(nx);
+    for (int d = 0; d < 3; d++) {
+      gs_dtype dt = ALL_DT[d];
+      size_t es = gs_dtype_size(dt);
+      rng_state = 0x1234567ull + si; /* the same values, rounded to each dt */
+      fill(GS_BF16, t.x, nx, 0, 2);
+      fill(GS_BF16, t.r, ny, 0, 1);
+      void *x = to_dt(dt, t.x, nx), *dy = to_dt(dt, t.r, ny);
+      void *y = malloc(ny * es + 1), *g = malloc(nx * es + 1), *g3 = malloc(nx * es + 1);
+      memset(g, 0x7f, nx * es); /* overwritten, every element */
+      cr_assert_eq(B->avgpool_forward(EX, dt, y, x, &shapes[si]), 0);
+      cr_assert_eq(B->avgpool_backward(EX, dt, g, dy, &shapes[si]), 0);
+      cr_assert_eq(B->avgpool_backward(EX3, dt, g3, dy, &shapes[si]), 0);
+      char what[64];
+      snprintf(what, sizeof what, "avgpool case %zu (%s)", si, gs_dtype_name(dt));
+      expect_bits(what, g3, g, nx * es);
+      if (dt == GS_F32) {
+        pool_ref_forward(&t);
+        for (size_t i = 0; i < ny; i++) {
+          expect_close(what, "out", i, ((float *)y)[i], t.y[i], 1e-6, 1e-6);
+          o32[i] = ((float *)y)[i];
+        }
+        double *fd = dalloc(nx);
+        fd_grad(pool_loss, &t, t.x, nx, 1e-3, fd);
+        for (size_t i = 0; i < nx; i++) {
+          expect_close(what, "din", i, ((float *)g)[i], fd[i], 1e-6, 1e-6);
+          d32[i] = ((float *)g)[i];
+        }
+        free(fd);
+      } else { /* inputs are bf16-exact: the same fp32 math, one rounding */
+        for (size_t i = 0; i < ny; i++)
+          expect_close(what, "out", i, get_dt(dt, y, i), o32[i], 1e-7, eps_dt(dt));
+        for (size_t i = 0; i < nx; i++)
+          expect_close(what, "din", i, get_dt(dt, g, i), d32[i], 1e-7, eps_dt(dt));
+      }
+      free(x), free(dy), free(y), free(g), free(g3);
+    }
+    free(t.x), free(t.r), free(t.y), free(o32), free(d32);
+  }
+}
