@@ -126,6 +126,46 @@ static void layer_in(const Gpushare__V1__Layer *pl, gs_spec_layer *l) {
     l->activation = pl->add ? activation(pl->add->activation) : GS_ACTIVATION_NONE;
     break;
   case GPUSHARE__V1__LAYER__KIND_CONCAT: l->kind = GS_LAYER_CONCAT; break;
+  case GPUSHARE__V1__LAYER__KIND_BATCH_NORM: {
+    static const Gpushare__V1__BatchNorm none = GPUSHARE__V1__BATCH_NORM__INIT;
+    const Gpushare__V1__BatchNorm *d = pl->batch_norm ? pl->batch_norm : &none;
+    l->kind = GS_LAYER_BATCH_NORM;
+    l->momentum = d->momentum;
+    l->epsilon = d->epsilon;
+    break;
+  }
+  case GPUSHARE__V1__LAYER__KIND_LAYER_NORM: {
+    static const Gpushare__V1__LayerNorm none = GPUSHARE__V1__LAYER_NORM__INIT;
+    const Gpushare__V1__LayerNorm *d = pl->layer_norm ? pl->layer_norm : &none;
+    l->kind = GS_LAYER_LAYER_NORM;
+    l->epsilon = d->epsilon;
+    break;
+  }
+  case GPUSHARE__V1__LAYER__KIND_DROPOUT:
+    l->kind = GS_LAYER_DROPOUT;
+    l->rate = pl->dropout ? pl->dropout->rate : 0.0f;
+    break;
+  case GPUSHARE__V1__LAYER__KIND_AVERAGE_POOL2D: {
+    static const Gpushare__V1__AveragePool2D none = GPUSHARE__V1__AVERAGE_POOL2_D__INIT;
+    const Gpushare__V1__AveragePool2D *d = pl->average_pool2d ? pl->average_pool2d : &none;
+    l->kind = GS_LAYER_AVERAGE_POOL2D;
+    l->pool_size = d->pool_size;
+    l->has_stride = d->has_stride;
+    l->stride = d->stride;
+    break;
+  }
+  case GPUSHARE__V1__LAYER__KIND_GELU: l->kind = GS_LAYER_GELU; break;
+  case GPUSHARE__V1__LAYER__KIND_EMBEDDING:
+    l->kind = GS_LAYER_EMBEDDING;
+    l->vocab_size = pl->embedding ? pl->embedding->vocab_size : 0;
+    l->dim = pl->embedding ? pl->embedding->dim : 0;
+    break;
+  case GPUSHARE__V1__LAYER__KIND_POSITION_EMBEDDING: l->kind = GS_LAYER_POSITION_EMBEDDING; break;
+  case GPUSHARE__V1__LAYER__KIND_CAUSAL_SELF_ATTENTION:
+    l->kind = GS_LAYER_CAUSAL_SELF_ATTENTION;
+    l->heads = pl->causal_self_attention ? pl->causal_self_attention->heads : 0;
+    l->head_size = pl->causal_self_attention ? pl->causal_self_attention->head_size : 0;
+    break;
   default: break; /* no kind: GS_LAYER_KIND_COUNT, which the validator names */
   }
 }
@@ -197,6 +237,7 @@ int gs_spec_pb_job(const Gpushare__V1__JobSpec *pb, gs_job_spec *out, gs_err *e)
       out->input.height = m->input->height;
       out->input.width = m->input->width;
       out->input.channels = m->input->channels;
+      out->input.sequence_length = m->input->sequence_length;
     }
     if (m->n_layer) {
       gs_spec_layer *ls = calloc(m->n_layer, sizeof *ls);

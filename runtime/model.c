@@ -21,6 +21,8 @@
 static const char *const kind_names[GS_LAYER_KIND_COUNT] = {
     "dense", "conv2d", "depthwise_conv2d", "max_pool2d",
     "global_average_pooling2d", "flatten", "relu", "add", "concat",
+    "batch_norm", "layer_norm", "dropout", "average_pool2d", "gelu",
+    "embedding", "position_embedding", "causal_self_attention",
 };
 
 const char *gs_layer_kind_name(gs_layer_kind k) {
@@ -32,6 +34,8 @@ const char *gs_shape_format(const gs_shape *s, uint32_t batch, char *buf, size_t
   if (batch) snprintf(b, sizeof b, "%u, ", batch);
   if (s->rank == 1)
     snprintf(buf, len, "(%s%u)", b, s->c);
+  else if (s->rank == 2)
+    snprintf(buf, len, "(%s%u, %u)", b, s->w, s->c);
   else
     snprintf(buf, len, "(%s%u, %u, %u)", b, s->h, s->w, s->c);
   return buf;
@@ -41,6 +45,8 @@ const char *gs_shape_format(const gs_shape *s, uint32_t batch, char *buf, size_t
 static const char *shape_x(const gs_shape *s, char *buf, size_t len) {
   if (s->rank == 1)
     snprintf(buf, len, "%u", s->c);
+  else if (s->rank == 2)
+    snprintf(buf, len, "%u positions x %u", s->w, s->c);
   else
     snprintf(buf, len, "%ux%ux%u", s->h, s->w, s->c);
   return buf;
@@ -226,12 +232,43 @@ static int lerr(lctx *c, const char *sub, const char *fmt, ...) {
 static void set_param(gs_param_shape *p, const char *suffix, uint32_t rank, uint32_t d0,
                       uint32_t d1, uint32_t d2, uint32_t d3) {
   uint32_t d[4] = {d0, d1, d2, d3};
+  memset(p, 0, sizeof *p);
   p->suffix = suffix;
+  p->init = GS_INIT_ZEROS;
   p->rank = rank;
   p->count = 1;
   for (uint32_t i = 0; i < 4; i++) {
     p->dims[i] = i < rank ? d[i] : 0;
     if (i < rank) p->count *= d[i];
+  }
+}
+
+/* A Glorot-drawn kernel with its fans. */
+static void set_kernel(gs_param_shape *p, uint32_t rank, uint32_t d0, uint32_t d1, uint32_t d2,
+                       uint32_t d3, uint32_t fan_in, uint32_t fan_out) {
+  set_param(p, "kernel", rank, d0, d1, d2, d3);
+  p->init = GS_INIT_GLOROT;
+  p->fan_in = fan_in;
+  p->fan_out = fan_out;
+}
+
+static void set_vec(gs_param_shape *p, const char *suffix, uint32_t n, gs_param_init init) {
+  set_param(p, suffix, 1, n, 0, 0, 0);
+  p->init = init;
+}
+
+static void set_saved(gs_saved_shape *v, const char *suffix, bool f32, bool per_example,
+                      uint32_t rank, uint32_t d0, uint32_t d1, uint32_t d2) {
+  uint32_t d[3] = {d0, d1, d2};
+  memset(v, 0, sizeof *v);
+  v->suffix = suffix;
+  v->f32 = f32;
+  v->per_example = per_example;
+  v->rank = rank;
+  v->elems = 1;
+  for (uint32_t i = 0; i < rank; i++) {
+    v->dims[i] = d[i];
+    v->elems *= d[i];
   }
 }
 
@@ -266,9 +303,10 @@ static int check_window(lctx *c, const char *sub_k, const char *sub_s, uint32_t 
 
 static int build_dense(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   char s[48];
-  if (l->in.rank != 1)
+  if (l->in.rank == 3)
     return lerr(c, "dense", "dense needs a flat input but gets %s from the layer before: add a "
-                "flatten {} (or global_average_pooling2d {}) layer before it",
+                "flatten {} (or global_average_pooling2d {}) layer before it (over a sequence, "
+                "dense works per position)",
                 shape_x(&l->in, s, sizeof s));
   if (d->units < 1 || d->units > GS_MODEL_MAX_DIM)
     return lerr(c, "dense.units", "units %u is out of range: from 1 to %u", d->units,
@@ -278,9 +316,10 @@ static int build_dense(lctx *c, gs_layer *l, const gs_spec_layer *d) {
                 (int)d->activation);
   l->relu = d->activation == GS_ACTIVATION_RELU;
   l->units = d->units;
-  l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = d->units};
+  l->out = l->in; /* flat, or per position of a sequence */
+  l->out.c = d->units;
   l->n_params = 2;
-  set_param(&l->params[0], "kernel", 2, l->in.c, d->units, 0, 0);
+  set_kernel(&l->params[0], 2, l->in.c, d->units, 0, 0, l->in.c, d->units);
   set_param(&l->params[1], "bias", 1, d->units, 0, 0, 0);
   l->fan_in = l->in.c;
   l->fan_out = d->units;
@@ -314,10 +353,10 @@ static int build_conv2d(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   l->units = d->filters;
   l->out.c = d->filters;
   l->n_params = 2;
-  set_param(&l->params[0], "kernel", 4, l->kh, l->kw, l->in.c, d->filters);
-  set_param(&l->params[1], "bias", 1, d->filters, 0, 0, 0);
   l->fan_in = l->kh * l->kw * l->in.c;
   l->fan_out = l->kh * l->kw * d->filters;
+  set_kernel(&l->params[0], 4, l->kh, l->kw, l->in.c, d->filters, l->fan_in, l->fan_out);
+  set_param(&l->params[1], "bias", 1, d->filters, 0, 0, 0);
   return 0;
 }
 
@@ -334,25 +373,146 @@ static int build_depthwise(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   l->units = l->in.c;
   l->out.c = l->in.c;
   l->n_params = 2;
-  set_param(&l->params[0], "kernel", 3, l->kh, l->kw, l->in.c, 0);
-  set_param(&l->params[1], "bias", 1, l->in.c, 0, 0, 0);
   /* Keras sees the depthwise kernel as (KH, KW, C, 1). */
   l->fan_in = l->kh * l->kw * l->in.c;
   l->fan_out = l->kh * l->kw;
+  set_kernel(&l->params[0], 3, l->kh, l->kw, l->in.c, 0, l->fan_in, l->fan_out);
+  set_param(&l->params[1], "bias", 1, l->in.c, 0, 0, 0);
   return 0;
 }
 
-static int build_maxpool(lctx *c, gs_layer *l, const gs_spec_layer *d) {
+/* max_pool2d and average_pool2d: VALID windows. */
+static int build_pool(lctx *c, gs_layer *l, const gs_spec_layer *d) {
   int rc;
-  if ((rc = need_image(c, "max_pool2d"))) return rc;
+  const char *k = gs_layer_kind_name(l->kind);
+  char fk[48], fs[48];
+  snprintf(fk, sizeof fk, "%s.pool_size", k);
+  snprintf(fs, sizeof fs, "%s.stride", k);
+  if ((rc = need_image(c, k))) return rc;
   uint32_t stride = d->has_stride && d->stride ? d->stride : d->pool_size;
   if (d->has_stride && d->stride == 0)
-    return lerr(c, "max_pool2d.stride", "stride 0 is out of range: from 1 to %u (or unset for "
+    return lerr(c, fs, "stride 0 is out of range: from 1 to %u (or unset for "
                 "the pool size)", GS_MODEL_MAX_KERNEL);
-  if ((rc = check_window(c, "max_pool2d.pool_size", "max_pool2d.stride", d->pool_size, stride,
-                         false, "pool")))
-    return rc;
+  if ((rc = check_window(c, fk, fs, d->pool_size, stride, false, "pool"))) return rc;
   l->out.c = l->in.c;
+  return 0;
+}
+
+static int build_batchnorm(lctx *c, gs_layer *l, const gs_spec_layer *d) {
+  if (!(d->momentum >= 0.0f && d->momentum <= 1.0f))
+    return lerr(c, "batch_norm.momentum", "momentum %g must be from 0 to 1 (PyTorch's: the "
+                "weight of the batch's statistics in the running ones)", (double)d->momentum);
+  if (!(isfinite(d->epsilon) && d->epsilon > 0.0f))
+    return lerr(c, "batch_norm.epsilon", "epsilon %g must be finite and > 0",
+                (double)d->epsilon);
+  const uint32_t ch = l->in.c;
+  l->momentum = d->momentum;
+  l->epsilon = d->epsilon;
+  l->n_params = 2;
+  set_vec(&l->params[0], "gamma", ch, GS_INIT_ONES);
+  set_vec(&l->params[1], "beta", ch, GS_INIT_ZEROS);
+  l->n_state = 2;
+  set_vec(&l->state[0], "running_mean", ch, GS_INIT_ZEROS);
+  set_vec(&l->state[1], "running_var", ch, GS_INIT_ONES);
+  l->n_saved = 2;
+  set_saved(&l->saved[0], "mean", true, false, 1, ch, 0, 0);
+  set_saved(&l->saved[1], "rstd", true, false, 1, ch, 0, 0);
+  return 0;
+}
+
+static int build_layernorm(lctx *c, gs_layer *l, const gs_spec_layer *d) {
+  if (!(isfinite(d->epsilon) && d->epsilon > 0.0f))
+    return lerr(c, "layer_norm.epsilon", "epsilon %g must be finite and > 0",
+                (double)d->epsilon);
+  const uint32_t rows = l->in.h * l->in.w;
+  l->epsilon = d->epsilon;
+  l->n_params = 2;
+  set_vec(&l->params[0], "gamma", l->in.c, GS_INIT_ONES);
+  set_vec(&l->params[1], "beta", l->in.c, GS_INIT_ZEROS);
+  l->n_saved = 2;
+  set_saved(&l->saved[0], "mean", true, true, 1, rows, 0, 0);
+  set_saved(&l->saved[1], "rstd", true, true, 1, rows, 0, 0);
+  return 0;
+}
+
+static int build_dropout(lctx *c, gs_layer *l, const gs_spec_layer *d) {
+  if (!(d->rate >= 0.0f && d->rate < 1.0f))
+    return lerr(c, "dropout.rate", "rate %g must be in [0, 1): the fraction of elements "
+                "zeroed while training", (double)d->rate);
+  l->rate = d->rate;
+  return 0;
+}
+
+#define GS_MODEL_MAX_VOCAB (1u << 20)
+
+static int build_embedding(lctx *c, const gs_model *m, gs_layer *l, const gs_spec_layer *d) {
+  if (!m->tokens || l->inputs[0] != GS_MODEL_INPUT)
+    return lerr(c, "embedding", "embedding takes the model's token input (model.input "
+                "{ sequence_length }): name \"input\" in its inputs, or make it the first layer");
+  if (d->vocab_size < 2 || d->vocab_size > GS_MODEL_MAX_VOCAB)
+    return lerr(c, "embedding.vocab_size", "vocab_size %u is out of range: from 2 to %u",
+                d->vocab_size, GS_MODEL_MAX_VOCAB);
+  if (d->dim < 1 || d->dim > GS_MODEL_MAX_DIM)
+    return lerr(c, "embedding.dim", "dim %u is out of range: from 1 to %u", d->dim,
+                GS_MODEL_MAX_DIM);
+  l->vocab = d->vocab_size;
+  l->units = d->dim;
+  l->out = (gs_shape){.rank = 2, .h = 1, .w = l->in.w, .c = d->dim};
+  l->n_params = 1;
+  set_param(&l->params[0], "embeddings", 2, d->vocab_size, d->dim, 0, 0);
+  l->params[0].init = GS_INIT_EMBEDDING;
+  return 0;
+}
+
+static int need_sequence(lctx *c, const char *kind) {
+  char s[48];
+  if (c->l->in.rank == 2) return 0;
+  return lerr(c, kind, "%s needs a sequence (positions x channels, after an embedding), got "
+              "%s", kind, shape_x(&c->l->in, s, sizeof s));
+}
+
+static int build_position_embedding(lctx *c, gs_layer *l) {
+  int rc;
+  if ((rc = need_sequence(c, "position_embedding"))) return rc;
+  l->n_params = 1;
+  set_param(&l->params[0], "embeddings", 2, l->in.w, l->in.c, 0, 0);
+  l->params[0].init = GS_INIT_EMBEDDING;
+  return 0;
+}
+
+static int build_attention(lctx *c, gs_layer *l, const gs_spec_layer *d) {
+  int rc;
+  if ((rc = need_sequence(c, "causal_self_attention"))) return rc;
+  if (d->heads < 1 || d->heads > 1024)
+    return lerr(c, "causal_self_attention.heads", "heads %u is out of range: from 1 to 1024",
+                d->heads);
+  if (d->head_size < 1 || d->head_size > 1024)
+    return lerr(c, "causal_self_attention.head_size",
+                "head_size %u is out of range: from 1 to 1024", d->head_size);
+  const uint32_t C = l->in.c, T = l->in.w, hd = d->heads * d->head_size;
+  if ((uint64_t)hd * 3 > GS_MODEL_MAX_DIM)
+    return lerr(c, "causal_self_attention.heads", "heads x head_size = %u: 3 x that is over %u",
+                hd, GS_MODEL_MAX_DIM);
+  uint64_t scores = (uint64_t)d->heads * T * T;
+  if (scores > GS_MODEL_MAX_ELEMENTS)
+    return lerr(c, "causal_self_attention.heads", "%u heads of %u x %u scores are %llu elements "
+                "per example: at most %llu (a shorter sequence_length)", d->heads, T, T,
+                (unsigned long long)scores, (unsigned long long)GS_MODEL_MAX_ELEMENTS);
+  l->heads = d->heads;
+  l->head_size = d->head_size;
+  l->n_params = 4;
+  set_kernel(&l->params[0], 2, C, 3 * hd, 0, 0, C, 3 * hd);
+  l->params[0].suffix = "qkv_kernel";
+  set_param(&l->params[1], "qkv_bias", 1, 3 * hd, 0, 0, 0);
+  set_kernel(&l->params[2], 2, hd, C, 0, 0, hd, C);
+  l->params[2].suffix = "out_kernel";
+  set_param(&l->params[3], "out_bias", 1, C, 0, 0, 0);
+  l->fan_in = C;
+  l->fan_out = 3 * hd;
+  l->n_saved = 3;
+  set_saved(&l->saved[0], "qkv", false, true, 2, T, 3 * hd, 0);
+  set_saved(&l->saved[1], "heads", false, true, 2, T, hd, 0);
+  set_saved(&l->saved[2], "scores", true, true, 3, d->heads, T, T);
   return 0;
 }
 
@@ -552,31 +712,49 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
   const gs_spec_input *in = &spec->input;
   if (!spec->has_input)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
-                      "the model has no input {height width channels}"),
+                      "the model has no input {height width channels} (or "
+                      "{sequence_length} for tokens)"),
            -EINVAL;
-  if (in->height < 1 || in->height > GS_MODEL_MAX_DIM)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.height",
-                      "input height %u is out of range: from 1 to %u", in->height,
-                      GS_MODEL_MAX_DIM),
-           -EINVAL;
-  if (in->width < 1 || in->width > GS_MODEL_MAX_DIM)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.width",
-                      "input width %u is out of range: from 1 to %u", in->width,
-                      GS_MODEL_MAX_DIM),
-           -EINVAL;
-  if (in->channels < 1 || in->channels > GS_MODEL_MAX_DIM)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.channels",
-                      "input channels %u is out of range: from 1 to %u", in->channels,
-                      GS_MODEL_MAX_DIM),
-           -EINVAL;
-  m->input = (gs_shape){.rank = 3, .h = in->height, .w = in->width, .c = in->channels};
-  if (gs_shape_elements(&m->input) > GS_MODEL_MAX_ELEMENTS)
-    return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
-                      "input %ux%ux%u has %llu elements per example: at most %llu",
-                      in->height, in->width, in->channels,
-                      (unsigned long long)gs_shape_elements(&m->input),
-                      (unsigned long long)GS_MODEL_MAX_ELEMENTS),
-           -EINVAL;
+  if (in->sequence_length) {
+    if (in->height || in->width || in->channels)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                        "the input has both sequence_length %u and an image shape %ux%ux%u: "
+                        "give height, width and channels for images, or sequence_length "
+                        "alone for tokens",
+                        in->sequence_length, in->height, in->width, in->channels),
+             -EINVAL;
+    if (in->sequence_length > GS_MODEL_MAX_SEQUENCE)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.sequence_length",
+                        "sequence_length %u is out of range: from 1 to %u",
+                        in->sequence_length, GS_MODEL_MAX_SEQUENCE),
+             -EINVAL;
+    m->input = (gs_shape){.rank = 2, .h = 1, .w = in->sequence_length, .c = 1};
+    m->tokens = true;
+  } else {
+    if (in->height < 1 || in->height > GS_MODEL_MAX_DIM)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.height",
+                        "input height %u is out of range: from 1 to %u", in->height,
+                        GS_MODEL_MAX_DIM),
+             -EINVAL;
+    if (in->width < 1 || in->width > GS_MODEL_MAX_DIM)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.width",
+                        "input width %u is out of range: from 1 to %u", in->width,
+                        GS_MODEL_MAX_DIM),
+             -EINVAL;
+    if (in->channels < 1 || in->channels > GS_MODEL_MAX_DIM)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input.channels",
+                        "input channels %u is out of range: from 1 to %u", in->channels,
+                        GS_MODEL_MAX_DIM),
+             -EINVAL;
+    m->input = (gs_shape){.rank = 3, .h = in->height, .w = in->width, .c = in->channels};
+    if (gs_shape_elements(&m->input) > GS_MODEL_MAX_ELEMENTS)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
+                        "input %ux%ux%u has %llu elements per example: at most %llu",
+                        in->height, in->width, in->channels,
+                        (unsigned long long)gs_shape_elements(&m->input),
+                        (unsigned long long)GS_MODEL_MAX_ELEMENTS),
+             -EINVAL;
+  }
   if (spec->n_layers < 1 || spec->n_layers > GS_MODEL_MAX_LAYERS)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
                       "the model has %zu layers: from 1 to %u", spec->n_layers,
@@ -597,11 +775,25 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
     lctx c = {.e = e, .l = l};
     snprintf(c.path, sizeof c.path, "model.layer[%u]", i);
     input_shapes(m, l);
+    for (uint32_t k = 0; k < l->n_inputs; k++)
+      if (m->tokens && l->inputs[k] == GS_MODEL_INPUT && l->kind != GS_LAYER_EMBEDDING) {
+        lerr(&c, l->n_inputs > 1 ? "inputs" : gs_layer_kind_name(l->kind),
+             "%s takes the model's token input: only an embedding layer can (token ids are "
+             "not numbers to compute with)", gs_layer_kind_name(l->kind));
+        goto fail;
+      }
     switch (l->kind) {
     case GS_LAYER_DENSE: rc = build_dense(&c, l, pl); break;
     case GS_LAYER_CONV2D: rc = build_conv2d(&c, l, pl); break;
     case GS_LAYER_DEPTHWISE_CONV2D: rc = build_depthwise(&c, l, pl); break;
-    case GS_LAYER_MAX_POOL2D: rc = build_maxpool(&c, l, pl); break;
+    case GS_LAYER_MAX_POOL2D:
+    case GS_LAYER_AVERAGE_POOL2D: rc = build_pool(&c, l, pl); break;
+    case GS_LAYER_BATCH_NORM: rc = build_batchnorm(&c, l, pl); break;
+    case GS_LAYER_LAYER_NORM: rc = build_layernorm(&c, l, pl); break;
+    case GS_LAYER_DROPOUT: rc = build_dropout(&c, l, pl); break;
+    case GS_LAYER_EMBEDDING: rc = build_embedding(&c, m, l, pl); break;
+    case GS_LAYER_POSITION_EMBEDDING: rc = build_position_embedding(&c, l); break;
+    case GS_LAYER_CAUSAL_SELF_ATTENTION: rc = build_attention(&c, l, pl); break;
     case GS_LAYER_GLOBAL_AVERAGE_POOLING2D:
       rc = need_image(&c, "global_average_pooling2d");
       l->out = (gs_shape){.rank = 1, .h = 1, .w = 1, .c = l->in.c};
@@ -662,6 +854,15 @@ int gs_model_build(const gs_job_spec *spec, gs_model *m, gs_err *e) {
     goto fail;
   }
   m->classes = last->units;
+  m->positions = last->out.rank == 2 ? last->out.w : 1;
+  if (m->tokens && last->out.rank != 2) {
+    gs_err_set(e, GS_INVALID_ARGUMENT, "model.layer",
+               "the last layer %s (layer[%u]) gives %u outputs per example, but a model of "
+               "tokens is trained on the next token at every position: end it with a dense "
+               "over the sequence (vocab_size units), without a flatten before it",
+               last->name, last->index, last->units);
+    goto fail;
+  }
   return 0;
 fail:
   gs_model_free(m);

@@ -52,23 +52,53 @@
 #define GS_MODEL_MAX_KERNEL 64u      /* kernel_size / pool_size */
 #define GS_MODEL_MAX_ELEMENTS (1ull << 31) /* per-example elements of one tensor */
 #define GS_MODEL_NAME_MAX 64
+#define GS_MODEL_MAX_SEQUENCE 65536u /* model.input.sequence_length */
 #define GS_MODEL_MAX_INPUTS 8u       /* inputs of one add or concat */
 #define GS_MODEL_INPUT (-1)          /* gs_layer.inputs[]: the model's input */
 
 /* One example's tensor shape, batch excluded. rank 3: (h, w, c) NHWC image;
+ * rank 2: (w, c) a sequence of w positions of c channels (w = T), h = 1;
  * rank 1: (c) flat features, with h = w = 1 so h*w*c is always the count. */
 typedef struct gs_shape {
-  uint32_t rank; /* 1 or 3 */
+  uint32_t rank; /* 1, 2 or 3 */
   uint32_t h, w, c;
 } gs_shape;
 
-/* A parameter tensor of a layer: "kernel" or "bias". */
+/* How a parameter (or a state tensor) starts. Drawn ones come, in the
+ * layer's parameter order, from one PRNG stream per layer position. */
+typedef enum gs_param_init {
+  GS_INIT_GLOROT = 0, /* uniform in +-sqrt(6 / (fan_in + fan_out)) */
+  GS_INIT_ZEROS,
+  GS_INIT_ONES,
+  GS_INIT_EMBEDDING,  /* uniform in +-sqrt(3) * 0.02: a standard deviation of 0.02 */
+} gs_param_init;
+
+#define GS_MODEL_MAX_PARAMS 4 /* attention: qkv kernel and bias, out kernel and bias */
+#define GS_MODEL_MAX_STATE 2  /* batch_norm: running mean and variance */
+#define GS_MODEL_MAX_SAVED 3  /* tensors a layer keeps for its backward besides its output */
+
+/* A parameter tensor of a layer ("kernel", "bias", "gamma", ...), or a
+ * state tensor (trained by the forward pass, not by the optimizer: batch
+ * normalisation's running statistics). Always fp32 masters. */
 typedef struct gs_param_shape {
-  const char *suffix;  /* "kernel" or "bias": full name is "<layer>.<suffix>" */
+  const char *suffix;  /* full name is "<layer>.<suffix>" */
   uint32_t rank;       /* 1..4 */
   uint32_t dims[4];    /* row-major, as the backend reads it */
   uint64_t count;      /* product of dims */
+  gs_param_init init;
+  uint32_t fan_in, fan_out; /* GS_INIT_GLOROT: the fans, as Keras computes them */
 } gs_param_shape;
+
+/* A tensor a layer saves in its forward pass for its backward (beside its
+ * output): batch_norm's mean and rstd, attention's q/k/v and scores. */
+typedef struct gs_saved_shape {
+  const char *suffix;  /* "<layer>.<suffix>" in plans */
+  bool f32;            /* fp32 (else the storage dtype) */
+  bool per_example;    /* elems is per example (times the micro-batch), else fixed */
+  uint64_t elems;      /* product of dims */
+  uint32_t rank;       /* dims, the batch left out (plans put it first when per_example) */
+  uint32_t dims[3];
+} gs_saved_shape;
 
 typedef struct gs_layer {
   gs_layer_kind kind;
@@ -79,9 +109,17 @@ typedef struct gs_layer {
   uint32_t units;               /* Dense: output units; Conv2D: filters */
   uint32_t kh, kw, stride;      /* Conv2D/Depthwise/MaxPool windows */
   bool same;                    /* SAME padding (conv); pools are always VALID */
-  uint32_t n_params;            /* 0 or 2 (kernel, bias) */
-  gs_param_shape params[2];
+  uint32_t n_params;            /* 0, 2 (kernel, bias; gamma, beta) or 4 (attention) */
+  gs_param_shape params[GS_MODEL_MAX_PARAMS];
   uint64_t param_count;         /* sum of params[].count */
+  uint32_t n_state;             /* batch_norm: 2 */
+  gs_param_shape state[GS_MODEL_MAX_STATE];
+  uint32_t n_saved;
+  gs_saved_shape saved[GS_MODEL_MAX_SAVED];
+  float momentum, epsilon;      /* batch_norm, layer_norm */
+  float rate;                   /* dropout */
+  uint32_t vocab;               /* embedding: vocab_size */
+  uint32_t heads, head_size;    /* causal_self_attention */
   uint32_t fan_in, fan_out;     /* Glorot fans of the kernel, as Keras computes them */
   uint32_t n_inputs;            /* 1, or 2..GS_MODEL_MAX_INPUTS for add and concat */
   int32_t inputs[GS_MODEL_MAX_INPUTS]; /* producing layers' indexes, or GS_MODEL_INPUT */
@@ -131,6 +169,8 @@ typedef struct gs_model {
   uint64_t param_count;
   uint64_t max_elements; /* largest per-example activation (any layer in/out) */
   bool graph;          /* some layer takes other than its predecessor's output */
+  bool tokens;         /* a token input: (sequence_length) int32 ids; input is rank 2 (T, 1) */
+  uint32_t positions;  /* loss rows per example: T for a sequence, else 1 */
 } gs_model;
 
 /* Validate the whole JobSpec recipe and build the layer list. On success

@@ -30,6 +30,8 @@ void gs_spec_layer_init(gs_spec_layer *l, gs_layer_kind kind) {
   l->kind = kind;
   l->stride = 1;
   l->pool_size = 2;
+  l->momentum = 0.1f;
+  l->epsilon = 1e-5f;
 }
 
 const char *gs_precision_name(gs_precision p) {

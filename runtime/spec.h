@@ -40,6 +40,14 @@ typedef enum gs_layer_kind {
   GS_LAYER_RELU,
   GS_LAYER_ADD,
   GS_LAYER_CONCAT,
+  GS_LAYER_BATCH_NORM,
+  GS_LAYER_LAYER_NORM,
+  GS_LAYER_DROPOUT,
+  GS_LAYER_AVERAGE_POOL2D,
+  GS_LAYER_GELU,
+  GS_LAYER_EMBEDDING,
+  GS_LAYER_POSITION_EMBEDDING,
+  GS_LAYER_CAUSAL_SELF_ATTENTION,
   GS_LAYER_KIND_COUNT /* in a gs_spec_layer: the layer names no kind */
 } gs_layer_kind;
 
@@ -84,9 +92,14 @@ typedef struct gs_spec_layer {
   uint32_t units;           /* dense */
   uint32_t filters;         /* conv2d */
   uint32_t kernel_size;     /* conv2d, depthwise_conv2d */
-  uint32_t stride;          /* conv2d, depthwise_conv2d (default 1); max_pool2d with has_stride */
-  bool has_stride;          /* max_pool2d: stride given (else the pool size) */
-  uint32_t pool_size;       /* max_pool2d (default 2) */
+  uint32_t stride;          /* conv2d, depthwise_conv2d (default 1); pools with has_stride */
+  bool has_stride;          /* max_pool2d, average_pool2d: stride given (else the pool size) */
+  uint32_t pool_size;       /* max_pool2d, average_pool2d (default 2) */
+  float momentum;           /* batch_norm (default 0.1) */
+  float epsilon;            /* batch_norm, layer_norm (default 1e-5) */
+  float rate;               /* dropout */
+  uint32_t vocab_size, dim; /* embedding */
+  uint32_t heads, head_size; /* causal_self_attention */
   gs_activation activation; /* dense, conv2d, depthwise_conv2d, add */
   gs_padding padding;       /* conv2d, depthwise_conv2d */
   const char *const *inputs; /* n_inputs layer names ("input": the model's input) */
@@ -133,6 +146,7 @@ typedef struct gs_spec_optimizer {
 
 typedef struct gs_spec_input {
   uint32_t height, width, channels;
+  uint32_t sequence_length; /* a token input (height, width, channels 0) */
 } gs_spec_input;
 
 typedef struct gs_job_spec {

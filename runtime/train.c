@@ -69,12 +69,15 @@ typedef struct tag_bytes {
   uint64_t bytes;
 } tag_bytes;
 
+#define NP GS_MODEL_MAX_PARAMS
 typedef struct lstate {
-  void *w[2];      /* working copy the forward pass reads (dt) */
-  float *master[2];/* fp32 masters (== w in FLOAT32) */
-  float *grad[2];  /* fp32 gradients */
-  float *m[2];     /* SGD momentum / Adam m */
-  float *v[2];     /* Adam v */
+  void *w[NP];      /* working copy the forward pass reads (dt) */
+  float *master[NP];/* fp32 masters (== w in FLOAT32) */
+  float *grad[NP];  /* fp32 gradients */
+  float *m[NP];     /* SGD momentum / Adam m */
+  float *v[NP];     /* Adam v */
+  float *state[GS_MODEL_MAX_STATE]; /* batch_norm's running statistics, fp32 */
+  void *saved[GS_MODEL_MAX_SAVED];  /* what the forward keeps for the backward */
   void *act;       /* output (N, out) in dt; Flatten: its input's buffer */
 } lstate;
 
@@ -91,6 +94,7 @@ struct gs_train {
   gs_dtype dt;
   bool mixed, fp16;
   bool grads_zero;       /* every gradient is zero: the last optimizer step consumed them */
+  uint32_t micro;        /* the micro-batch of the step in progress (0-based) */
   lstate *ls;
   int32_t *gslot_of;     /* backward: per layer, the slot of its output's gradient */
   bool *gslot_busy;      /* backward: per slot, in use */
@@ -258,10 +262,29 @@ static void free_blocks(gs_train *t) {
   t->dev_bytes = 0;
 }
 
+static size_t attn_grad_bytes(gs_dtype dt, const gs_layer *l, uint32_t n);
+
 static size_t layer_workspace(const gs_backend *b, gs_dtype dt, const gs_layer *l, uint32_t n) {
   gs_conv_shape cs;
+  const uint32_t rows = n * l->in.h * l->in.w;
   switch (l->kind) {
-  case GS_LAYER_DENSE: return b->dense_workspace ? b->dense_workspace(dt, n, l->in.c, l->units) : 0;
+  case GS_LAYER_DENSE:
+    return b->dense_workspace ? b->dense_workspace(dt, rows, l->in.c, l->units) : 0;
+  case GS_LAYER_BATCH_NORM:
+    return b->batchnorm_workspace ? b->batchnorm_workspace(dt, rows, l->in.c) : 0;
+  case GS_LAYER_LAYER_NORM:
+    return b->layernorm_workspace ? b->layernorm_workspace(dt, rows, l->in.c) : 0;
+  case GS_LAYER_CAUSAL_SELF_ATTENTION: {
+    /* The heads' and q/k/v's gradients, then the largest op scratch. */
+    if (!b->dense_workspace || !b->attention_workspace) return 0;
+    const uint32_t hd = l->heads * l->head_size;
+    size_t w = b->dense_workspace(dt, rows, l->in.c, 3 * hd);
+    size_t w2 = b->dense_workspace(dt, rows, hd, l->in.c);
+    size_t w3 = b->attention_workspace(dt, n, l->in.w, l->heads, l->head_size);
+    if (w2 > w) w = w2;
+    if (w3 > w) w = w3;
+    return attn_grad_bytes(dt, l, n) + w;
+  }
   case GS_LAYER_CONV2D:
     cs = gs_model_conv_shape(l, n);
     return b->conv2d_workspace ? b->conv2d_workspace(dt, &cs) : 0;
@@ -292,6 +315,21 @@ static int check_ops(const gs_train *t, gs_err *e) {
     case GS_LAYER_GLOBAL_AVERAGE_POOLING2D: ok = b->gap_forward && b->gap_backward; break;
     case GS_LAYER_ADD: ok = b->add_forward && b->copy; break;
     case GS_LAYER_CONCAT: ok = b->copy_2d != NULL; break;
+    case GS_LAYER_AVERAGE_POOL2D: ok = b->avgpool_forward && b->avgpool_backward; break;
+    case GS_LAYER_BATCH_NORM:
+      ok = b->batchnorm_forward && b->batchnorm_backward && b->batchnorm_workspace;
+      break;
+    case GS_LAYER_LAYER_NORM:
+      ok = b->layernorm_forward && b->layernorm_backward && b->layernorm_workspace;
+      break;
+    case GS_LAYER_DROPOUT: ok = b->dropout_forward && b->dropout_backward && b->copy; break;
+    case GS_LAYER_GELU: ok = b->gelu_forward && b->gelu_backward; break;
+    case GS_LAYER_EMBEDDING: ok = b->embedding_forward && b->embedding_backward; break;
+    case GS_LAYER_POSITION_EMBEDDING: ok = b->posembed_forward && b->posembed_backward; break;
+    case GS_LAYER_CAUSAL_SELF_ATTENTION:
+      ok = b->dense_forward && b->dense_backward && b->dense_workspace &&
+           b->attention_forward && b->attention_backward && b->attention_workspace;
+      break;
     default: break;
     }
     /* A gradient that two layers add to. */
@@ -382,8 +420,20 @@ int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
         return rc;
     }
   }
+  /* State tensors (batch_norm's running statistics): fp32, beside the
+   * weights; checkpointed and exported with them. */
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_layer *l = &m->layers[i];
+    for (uint32_t p = 0; p < l->n_state; p++) {
+      uint64_t d[1] = {l->state[p].count};
+      snprintf(nm, sizeof nm, "%s.%s", l->name, l->state[p].suffix);
+      if ((rc = emit(fn, user, l, p, GS_TSLOT_STATE, GS_ROLE_WEIGHTS, nm, GS_F32, 1, d)))
+        return rc;
+    }
+  }
   /* Saved activations: each layer's output (Flatten aliases its input; in
-   * FLOAT32 the last layer's output is the fp32 logits buffer itself). */
+   * FLOAT32 the last layer's output is the fp32 logits buffer itself), and
+   * what a layer keeps for its backward beside it. */
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
     if (l->kind == GS_LAYER_FLATTEN) continue;
@@ -391,22 +441,47 @@ int gs_train_buffers(const gs_model *m, const gs_recipe *r, const gs_backend *b,
     uint64_t d[4] = {n, l->out.h, l->out.w, l->out.c};
     uint64_t d1[2] = {n, l->out.c};
     snprintf(nm, sizeof nm, "%s.output", l->name);
-    if (logits_direct)
+    uint64_t d2[3] = {n, l->out.w, l->out.c};
+    if (logits_direct && l->out.rank == 2)
+      rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, GS_F32, 3, d2);
+    else if (logits_direct)
       rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, GS_F32, 2, d1);
     else if (l->out.rank == 1)
       rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, dt, 2, d1);
+    else if (l->out.rank == 2)
+      rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, dt, 3, d2);
     else
       rc = emit(fn, user, l, 0, GS_TSLOT_OUTPUT, GS_ROLE_ACTIVATIONS, nm, dt, 4, d);
     if (rc) return rc;
+    for (uint32_t k = 0; k < l->n_saved; k++) {
+      const gs_saved_shape *sv = &l->saved[k];
+      uint64_t sd[4];
+      uint32_t r = 0;
+      if (sv->per_example) sd[r++] = n;
+      for (uint32_t j = 0; j < sv->rank; j++) sd[r++] = sv->dims[j];
+      snprintf(nm, sizeof nm, "%s.%s", l->name, sv->suffix);
+      if ((rc = emit(fn, user, l, k, GS_TSLOT_SAVED, GS_ROLE_ACTIVATIONS, nm,
+                     sv->f32 ? GS_F32 : dt, r, sd)))
+        return rc;
+    }
   }
-  /* Batch buffers. labels and predictions are int32: 4 bytes, as GS_F32. */
+  /* Batch buffers. labels and predictions are int32: 4 bytes, as GS_F32.
+   * A token model's batch is its int32 ids (N, T), and its labels, logits
+   * and losses are per position (N * T rows). */
+  const uint64_t rows = n * m->positions;
   uint64_t xd[4] = {n, m->input.h, m->input.w, m->input.c};
-  uint64_t nd[1] = {n}, nk[2] = {n, K};
-  if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES, GS_ROLE_BATCH, "images", dt, 4, xd)))
-    return rc;
-  if (mixed && (rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES_F32, GS_ROLE_BATCH, "images.f32",
-                          GS_F32, 4, xd)))
-    return rc;
+  uint64_t td[2] = {n, m->input.w};
+  uint64_t nd[1] = {rows}, nk[2] = {rows, K};
+  if (m->tokens) {
+    if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES, GS_ROLE_BATCH, "tokens", GS_F32, 2, td)))
+      return rc;
+  } else {
+    if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES, GS_ROLE_BATCH, "images", dt, 4, xd)))
+      return rc;
+    if (mixed && (rc = emit(fn, user, NULL, 0, GS_TSLOT_IMAGES_F32, GS_ROLE_BATCH,
+                            "images.f32", GS_F32, 4, xd)))
+      return rc;
+  }
   if ((rc = emit(fn, user, NULL, 0, GS_TSLOT_LABELS, GS_ROLE_BATCH, "labels", GS_F32, 1, nd)))
     return rc;
   if (mixed &&
@@ -471,6 +546,8 @@ static int alloc_one(void *u, const gs_train_buffer *bf) {
   case GS_TSLOT_GRADIENT: s->grad[bf->index] = p; break;
   case GS_TSLOT_MOMENT1: s->m[bf->index] = p; break;
   case GS_TSLOT_MOMENT2: s->v[bf->index] = p; break;
+  case GS_TSLOT_STATE: s->state[bf->index] = p; break;
+  case GS_TSLOT_SAVED: s->saved[bf->index] = p; break;
   case GS_TSLOT_OUTPUT:
     s->act = p;
     if (li == t->model.n_layers - 1 && !t->mixed) t->logits = p;
@@ -540,31 +617,59 @@ static int refresh_working(gs_train *t, gs_err *e) {
   return 0;
 }
 
+/* One parameter's or state tensor's initial values into h, drawing from st
+ * where its rule draws. */
+static void init_values(const gs_param_shape *ps, uint64_t *st, float *h) {
+  double limit = 0;
+  switch (ps->init) {
+  case GS_INIT_GLOROT: limit = sqrt(6.0 / ((double)ps->fan_in + (double)ps->fan_out)); break;
+  case GS_INIT_EMBEDDING: limit = sqrt(3.0) * 0.02; break;
+  case GS_INIT_ONES:
+    for (uint64_t j = 0; j < ps->count; j++) h[j] = 1.0f;
+    return;
+  default:
+    memset(h, 0, ps->count * sizeof *h);
+    return;
+  }
+  for (uint64_t j = 0; j < ps->count; j++)
+    h[j] = (float)((2.0 * (double)gs_rng_uniform(st) - 1.0) * limit);
+}
+
 static int init_params(gs_train *t, gs_err *e) {
   const gs_model *m = &t->model;
   uint64_t maxc = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
+  for (uint32_t i = 0; i < m->n_layers; i++) {
     for (uint32_t p = 0; p < m->layers[i].n_params; p++)
       if (m->layers[i].params[p].count > maxc) maxc = m->layers[i].params[p].count;
+    for (uint32_t p = 0; p < m->layers[i].n_state; p++)
+      if (m->layers[i].state[p].count > maxc) maxc = m->layers[i].state[p].count;
+  }
   float *h = calloc(maxc ? maxc : 1, sizeof *h);
   if (!h) return gs_err_set(e, GS_INTERNAL, "", "out of host memory"), -ENOMEM;
   int rc = 0;
   for (uint32_t i = 0; i < m->n_layers && !rc; i++) {
     const gs_layer *l = &m->layers[i];
-    if (!l->n_params) continue;
     /* One PRNG stream per layer position: adding a layer does not reshuffle
-     * the others. */
+     * the others. The drawn tensors take from it in parameter order. */
     uint64_t st = gs_rng_seed(t->r.seed, i);
-    double limit = sqrt(6.0 / ((double)l->fan_in + (double)l->fan_out));
-    const gs_param_shape *k = &l->params[0];
-    for (uint64_t j = 0; j < k->count; j++)
-      h[j] = (float)((2.0 * (double)gs_rng_uniform(&st) - 1.0) * limit);
-    rc = t->b->copy_in(t->ex, t->ls[i].master[0], h, k->count * sizeof(float));
-    if (!rc) rc = t->b->zero(t->ex, t->ls[i].master[1], l->params[1].count * sizeof(float));
     for (uint32_t p = 0; p < l->n_params && !rc; p++) {
-      size_t bytes = l->params[p].count * sizeof(float);
-      if (t->ls[i].m[p]) rc = t->b->zero(t->ex, t->ls[i].m[p], bytes);
+      const gs_param_shape *ps = &l->params[p];
+      size_t bytes = ps->count * sizeof(float);
+      if (ps->init == GS_INIT_ZEROS) {
+        rc = t->b->zero(t->ex, t->ls[i].master[p], bytes);
+      } else {
+        init_values(ps, &st, h);
+        rc = t->b->copy_in(t->ex, t->ls[i].master[p], h, bytes);
+      }
+      if (!rc && t->ls[i].m[p]) rc = t->b->zero(t->ex, t->ls[i].m[p], bytes);
       if (!rc && t->ls[i].v[p]) rc = t->b->zero(t->ex, t->ls[i].v[p], bytes);
+      /* copy_in may be asynchronous: h is reused for the next tensor. */
+      if (!rc && ps->init != GS_INIT_ZEROS) rc = t->b->synchronize(t->ex);
+    }
+    for (uint32_t p = 0; p < l->n_state && !rc; p++) {
+      init_values(&l->state[p], &st, h);
+      rc = t->b->copy_in(t->ex, t->ls[i].state[p], h, l->state[p].count * sizeof(float));
+      if (!rc) rc = t->b->synchronize(t->ex);
     }
   }
   free(h);
@@ -576,7 +681,59 @@ static int init_params(gs_train *t, gs_err *e) {
 /* --------------------------------------------------------------- forward --- */
 
 
-static int forward(gs_train *t, uint32_t n, gs_err *e) {
+/* Rows of a layer's input for the row-wise ops (dense, the norms): the
+ * examples, times the positions of a sequence or the pixels of an image. */
+static uint32_t in_rows(const gs_layer *l, uint32_t n) { return n * l->in.h * l->in.w; }
+
+/* The dropout mask's seed for layer i in the micro-batch being run: from
+ * the job's seed, the layer's position and the micro-batch's number in the
+ * run (step x accumulation + its index), so a resumed job draws the masks
+ * the uninterrupted one would have, and the backward redraws the forward's. */
+static uint64_t dropout_seed(const gs_train *t, uint32_t i) {
+  uint64_t st = gs_rng_seed(t->r.seed ^ 0x64726f706f7574ull, i);
+  st ^= (t->step * t->r.accumulation_steps + t->micro) * 0x9E3779B97F4A7C15ull;
+  return gs_rng_next(&st);
+}
+
+/* Attention's scratch in ws: the heads' gradient, then q/k/v's, then the
+ * ops' own workspace. */
+static size_t attn_grad_bytes(gs_dtype dt, const gs_layer *l, uint32_t n) {
+  uint64_t hd = (uint64_t)l->heads * l->head_size;
+  return gs_alloc_block_size((size_t)((uint64_t)n * l->in.w * 4 * hd * gs_dtype_size(dt)));
+}
+
+static int attention_forward(gs_train *t, const gs_layer *l, const void *in, uint32_t n,
+                             gs_err *e) {
+  const gs_backend *b = t->b;
+  lstate *s = &t->ls[l->index];
+  const uint32_t rows = in_rows(l, n), C = l->in.c, hd = l->heads * l->head_size;
+  OP(b->dense_forward(t->ex, t->dt, s->saved[0], in, s->w[0], s->w[1], rows, C, 3 * hd, t->ws,
+                      false));
+  OP(b->attention_forward(t->ex, t->dt, s->saved[1], s->saved[2], s->saved[0], n, l->in.w,
+                          l->heads, l->head_size, t->ws));
+  OP(b->dense_forward(t->ex, t->dt, s->act, s->saved[1], s->w[2], s->w[3], rows, hd, C, t->ws,
+                      false));
+  return 0;
+}
+
+static int attention_backward(gs_train *t, const gs_layer *l, void *din, const void *dout,
+                              uint32_t n, gs_err *e) {
+  const gs_backend *b = t->b;
+  lstate *s = &t->ls[l->index];
+  const uint32_t rows = in_rows(l, n), C = l->in.c, hd = l->heads * l->head_size;
+  const size_t es = gs_dtype_size(t->dt);
+  uint8_t *dheads = t->ws, *dqkv = dheads + (size_t)rows * hd * es;
+  void *ws = (uint8_t *)t->ws + attn_grad_bytes(t->dt, l, n);
+  OP(b->dense_backward(t->ex, t->dt, dheads, s->grad[2], s->grad[3], dout, s->saved[1], s->w[2],
+                       rows, hd, C, ws));
+  OP(b->attention_backward(t->ex, t->dt, dqkv, dheads, s->saved[0], s->saved[2], n, l->in.w,
+                           l->heads, l->head_size, ws));
+  OP(b->dense_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dqkv, layer_input(t, l, 0),
+                       s->w[0], rows, C, 3 * hd, ws));
+  return 0;
+}
+
+static int forward(gs_train *t, uint32_t n, bool training, gs_err *e) {
   const gs_model *m = &t->model;
   const gs_backend *b = t->b;
   for (uint32_t i = 0; i < m->n_layers; i++) {
@@ -585,13 +742,14 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
     const void *in = layer_input(t, l, 0);
     gs_conv_shape cs;
     uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
+    int rc;
     /* In FLOAT32 the last layer's act is the fp32 logits buffer: same dtype. */
     /* The layers with weights apply their relu in the same op (backend.h). */
     bool fused = false;
     switch (l->kind) {
     case GS_LAYER_DENSE:
-      OP(b->dense_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], n, l->in.c, l->units,
-                          t->ws, l->relu));
+      OP(b->dense_forward(t->ex, t->dt, s->act, in, s->w[0], s->w[1], in_rows(l, n), l->in.c,
+                          l->units, t->ws, l->relu));
       fused = true;
       break;
     case GS_LAYER_CONV2D:
@@ -619,6 +777,36 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
       for (uint32_t k = 2; k < l->n_inputs; k++)
         OP(b->add_forward(t->ex, t->dt, s->act, s->act, layer_input(t, l, k), cnt));
       break;
+    case GS_LAYER_AVERAGE_POOL2D:
+      cs = gs_model_conv_shape(l, n);
+      OP(b->avgpool_forward(t->ex, t->dt, s->act, in, &cs));
+      break;
+    case GS_LAYER_BATCH_NORM:
+      OP(b->batchnorm_forward(t->ex, t->dt, s->act, s->saved[0], s->saved[1], s->state[0],
+                              s->state[1], in, s->w[0], s->w[1], in_rows(l, n), l->in.c,
+                              l->epsilon, l->momentum, training, t->ws));
+      break;
+    case GS_LAYER_LAYER_NORM:
+      OP(b->layernorm_forward(t->ex, t->dt, s->act, s->saved[0], s->saved[1], in, s->w[0],
+                              s->w[1], in_rows(l, n), l->in.c, l->epsilon));
+      break;
+    case GS_LAYER_DROPOUT:
+      if (training && l->rate > 0.0f)
+        OP(b->dropout_forward(t->ex, t->dt, s->act, in, cnt, l->rate, dropout_seed(t, i)));
+      else
+        OP(b->copy(t->ex, s->act, in, cnt * gs_dtype_size(t->dt)));
+      break;
+    case GS_LAYER_GELU: OP(b->gelu_forward(t->ex, t->dt, s->act, in, cnt)); break;
+    case GS_LAYER_EMBEDDING:
+      OP(b->embedding_forward(t->ex, t->dt, s->act, (const int32_t *)t->x, s->w[0],
+                              in_rows(l, n), l->vocab, l->units));
+      break;
+    case GS_LAYER_POSITION_EMBEDDING:
+      OP(b->posembed_forward(t->ex, t->dt, s->act, in, s->w[0], n, l->in.w, l->in.c));
+      break;
+    case GS_LAYER_CAUSAL_SELF_ATTENTION:
+      if ((rc = attention_forward(t, l, in, n, e))) return rc;
+      break;
     case GS_LAYER_CONCAT: {
       /* Each input's rows (pixels, or examples when flat) go to its columns. */
       const size_t es = gs_dtype_size(t->dt), rows = (size_t)n * l->out.h * l->out.w;
@@ -637,7 +825,7 @@ static int forward(gs_train *t, uint32_t n, gs_err *e) {
   }
   if (t->mixed)
     OP(b->cast(t->ex, t->logits, GS_F32, t->ls[m->n_layers - 1].act, t->dt,
-               (size_t)n * m->classes));
+               (size_t)n * m->positions * m->classes));
   return 0;
 }
 
@@ -740,9 +928,45 @@ static int layer_backward(gs_train *t, const gs_layer *l, void *din, const void 
   gs_conv_shape cs;
   switch (l->kind) {
   case GS_LAYER_DENSE:
-    OP(b->dense_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], n,
-                         l->in.c, l->units, t->ws));
+    OP(b->dense_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0],
+                         in_rows(l, n), l->in.c, l->units, t->ws));
     break;
+  case GS_LAYER_AVERAGE_POOL2D:
+    cs = gs_model_conv_shape(l, n);
+    OP(b->avgpool_backward(t->ex, t->dt, din, dout, &cs));
+    break;
+  case GS_LAYER_BATCH_NORM:
+    OP(b->batchnorm_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0],
+                             s->saved[0], s->saved[1], in_rows(l, n), l->in.c, t->ws));
+    break;
+  case GS_LAYER_LAYER_NORM:
+    OP(b->layernorm_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0],
+                             s->saved[0], s->saved[1], in_rows(l, n), l->in.c, t->ws));
+    break;
+  case GS_LAYER_DROPOUT: {
+    uint64_t cnt = (uint64_t)n * gs_shape_elements(&l->out);
+    if (!din) break;
+    if (l->rate > 0.0f)
+      OP(b->dropout_backward(t->ex, t->dt, din, dout, cnt, l->rate,
+                             dropout_seed(t, l->index)));
+    else
+      OP(b->copy(t->ex, din, dout, cnt * gs_dtype_size(t->dt)));
+    break;
+  }
+  case GS_LAYER_GELU:
+    if (din)
+      OP(b->gelu_backward(t->ex, t->dt, din, dout, in,
+                          (uint64_t)n * gs_shape_elements(&l->out)));
+    break;
+  case GS_LAYER_EMBEDDING:
+    OP(b->embedding_backward(t->ex, t->dt, s->grad[0], dout, (const int32_t *)t->x,
+                             in_rows(l, n), l->vocab, l->units));
+    break;
+  case GS_LAYER_CAUSAL_SELF_ATTENTION: {
+    int rc = attention_backward(t, l, din, dout, n, e);
+    if (rc) return rc;
+    break;
+  }
   case GS_LAYER_CONV2D:
     cs = gs_model_conv_shape(l, n);
     OP(b->conv2d_backward(t->ex, t->dt, din, s->grad[0], s->grad[1], dout, in, s->w[0], &cs,
@@ -777,7 +1001,8 @@ static int gw_walk(gwalk *w, uint32_t n, gs_err *e) {
   if (w->mixed) {
     int32_t s0 = gw_take(w);
     if (t)
-      OP(t->b->cast(t->ex, gw_ptr(w, s0), t->dt, t->dlogits, GS_F32, (size_t)n * m->classes));
+      OP(t->b->cast(t->ex, gw_ptr(w, s0), t->dt, t->dlogits, GS_F32,
+                    (size_t)n * m->positions * m->classes));
     w->of[last] = s0;
   } else {
     w->of[last] = GW_DLOGITS;
@@ -791,6 +1016,13 @@ static int gw_walk(gwalk *w, uint32_t n, gs_err *e) {
     if (t && (l->relu || l->kind == GS_LAYER_RELU))
       OP(t->b->relu_backward(t->ex, t->dt, dout, dout, t->ls[i].act, cnt));
     switch (l->kind) {
+    case GS_LAYER_POSITION_EMBEDDING:
+      /* din = dout: the table's gradient, then the slot goes on. */
+      if (t)
+        OP(t->b->posembed_backward(t->ex, t->dt, NULL, t->ls[i].grad[0], dout, n, l->in.w,
+                                   l->in.c));
+      if ((rc = gw_give(w, l, 0, so, true, cnt, e))) return rc;
+      break;
     case GS_LAYER_FLATTEN:
     case GS_LAYER_RELU:
       if ((rc = gw_give(w, l, 0, so, true, cnt, e))) return rc;
@@ -946,7 +1178,8 @@ static int optimizer_step(gs_train *t, gs_err *e) {
 static int do_step(gs_train *t, gs_err *e) {
   const gs_model *m = &t->model;
   const uint32_t n = t->r.batch_size, k = t->r.accumulation_steps;
-  const float norm = (float)n * (float)k;
+  const uint32_t rows = n * m->positions; /* loss rows: examples, or their positions */
+  const float norm = (float)rows * (float)k;
   const float *gscale = (const float *)(t->state + (t->fp16 ? LS_SCALE : LS_ONE));
   double t0 = now_s();
   int rc;
@@ -963,14 +1196,15 @@ static int do_step(gs_train *t, gs_err *e) {
   double loss_sum = 0.0;
   uint64_t pos = t->step_in_epoch * (uint64_t)n * k;
   for (uint32_t j = 0; j < k; j++, pos += n) {
+    t->micro = j;
     if ((rc = load_batch(t, t->train, t->perm + pos, n, e))) return rc;
-    if ((rc = forward(t, n, e))) return rc;
-    OP(t->b->xent_forward_backward(t->ex, t->loss, NULL, t->dlogits, t->logits, t->labels, n,
-                                   m->classes, gscale, norm));
+    if ((rc = forward(t, n, true, e))) return rc;
+    OP(t->b->xent_forward_backward(t->ex, t->loss, NULL, t->dlogits, t->logits, t->labels,
+                                   rows, m->classes, gscale, norm));
     if ((rc = backward(t, n, e))) return rc;
-    OP(t->b->copy_out(t->ex, t->h_loss, t->loss, (size_t)n * sizeof(float)));
+    OP(t->b->copy_out(t->ex, t->h_loss, t->loss, (size_t)rows * sizeof(float)));
     OP(t->b->synchronize(t->ex));
-    for (uint32_t q = 0; q < n; q++) loss_sum += t->h_loss[q];
+    for (uint32_t q = 0; q < rows; q++) loss_sum += t->h_loss[q];
   }
   if ((rc = optimizer_step(t, e))) return rc;
   t->grads_zero = true;
@@ -1008,19 +1242,22 @@ int gs_train_evaluate(gs_train *t, float *loss, float *accuracy, gs_err *e) {
     uint32_t cnt = (uint32_t)(d->n - pos < b ? d->n - pos : b);
     for (uint32_t q = 0; q < cnt; q++) t->eval_idx[q] = pos + q;
     if ((rc = load_batch(t, d, t->eval_idx, cnt, e))) return rc;
-    if ((rc = forward(t, cnt, e))) return rc;
-    OP(t->b->xent_forward_backward(t->ex, t->loss, t->pred, NULL, t->logits, t->labels, cnt,
+    if ((rc = forward(t, cnt, false, e))) return rc;
+    const uint32_t rows = cnt * t->model.positions;
+    OP(t->b->xent_forward_backward(t->ex, t->loss, t->pred, NULL, t->logits, t->labels, rows,
                                    t->model.classes, one, 1.0f));
-    OP(t->b->copy_out(t->ex, t->h_loss, t->loss, (size_t)cnt * sizeof(float)));
-    OP(t->b->copy_out(t->ex, t->h_pred, t->pred, (size_t)cnt * sizeof(int32_t)));
+    OP(t->b->copy_out(t->ex, t->h_loss, t->loss, (size_t)rows * sizeof(float)));
+    OP(t->b->copy_out(t->ex, t->h_pred, t->pred, (size_t)rows * sizeof(int32_t)));
     OP(t->b->synchronize(t->ex));
-    for (uint32_t q = 0; q < cnt; q++) {
+    for (uint32_t q = 0; q < rows; q++) {
       lsum += t->h_loss[q];
       correct += t->h_pred[q] == t->h_lab[q];
     }
   }
-  *loss = (float)(lsum / (double)d->n);
-  *accuracy = (float)((double)correct / (double)d->n);
+  /* Over every example, or every position of every sequence. */
+  const double total = (double)d->n * t->model.positions;
+  *loss = (float)(lsum / total);
+  *accuracy = (float)((double)correct / total);
   return 0;
 }
 
@@ -1045,7 +1282,7 @@ static int ck_list_build(const gs_train *t, ck_list *c) {
   const gs_model *m = &t->model;
   size_t cap = 0;
   for (uint32_t i = 0; i < m->n_layers; i++)
-    cap += m->layers[i].n_params * (1 + t->r.optimizer_slots);
+    cap += m->layers[i].n_params * (1 + t->r.optimizer_slots) + m->layers[i].n_state;
   memset(c, 0, sizeof *c);
   c->v = calloc(cap ? cap : 1, sizeof *c->v);
   c->names = calloc(cap ? cap : 1, sizeof *c->names);
@@ -1076,6 +1313,17 @@ static int ck_list_build(const gs_train *t, ck_list *c) {
         x->bytes = l->params[p].count * sizeof(float);
         c->n++;
       }
+    }
+    for (uint32_t p = 0; p < l->n_state; p++) {
+      gs_ckpt_tensor *x = &c->v[c->n];
+      snprintf(c->names[c->n], 96, "%s.%s", l->name, l->state[p].suffix);
+      c->dev[c->n] = t->ls[i].state[p];
+      x->name = c->names[c->n];
+      x->dtype = GS_CKPT_F32;
+      x->rank = 1;
+      x->shape[0] = l->state[p].count;
+      x->bytes = l->state[p].count * sizeof(float);
+      c->n++;
     }
   }
   return 0;
@@ -1294,11 +1542,13 @@ int gs_train_export_safetensors(gs_train *t, const char *path, gs_err *e) {
   const gs_model *m = &t->model;
   size_t n = 0;
   uint64_t total = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    for (uint32_t p = 0; p < m->layers[i].n_params; p++) {
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_layer *l = &m->layers[i];
+    for (uint32_t p = 0; p < l->n_params + l->n_state; p++) {
       n++;
-      total += m->layers[i].params[p].count * sizeof(float);
+      total += (p < l->n_params ? l->params[p] : l->state[p - l->n_params]).count * sizeof(float);
     }
+  }
   gs_ckpt_tensor *v = calloc(n ? n : 1, sizeof *v);
   char (*names)[96] = calloc(n ? n : 1, sizeof *names);
   uint8_t *host = malloc(total ? total : 1);
@@ -1313,14 +1563,19 @@ int gs_train_export_safetensors(gs_train *t, const char *path, gs_err *e) {
   uint64_t off = 0;
   for (uint32_t i = 0; i < m->n_layers; i++) {
     const gs_layer *l = &m->layers[i];
-    for (uint32_t p = 0; p < l->n_params; p++, k++) {
-      snprintf(names[k], 96, "%s.%s", l->name, l->params[p].suffix);
+    /* The parameters, then the state tensors (batch_norm's running
+     * statistics), each under "<layer>.<suffix>". */
+    for (uint32_t p = 0; p < l->n_params + l->n_state; p++, k++) {
+      bool st = p >= l->n_params;
+      const gs_param_shape *ps = st ? &l->state[p - l->n_params] : &l->params[p];
+      const float *src = st ? t->ls[i].state[p - l->n_params] : t->ls[i].master[p];
+      snprintf(names[k], 96, "%s.%s", l->name, ps->suffix);
       v[k].name = names[k];
       v[k].dtype = GS_CKPT_F32;
-      v[k].rank = l->params[p].rank;
-      for (uint32_t j = 0; j < v[k].rank; j++) v[k].shape[j] = l->params[p].dims[j];
-      v[k].bytes = l->params[p].count * sizeof(float);
-      if ((rc = t->b->copy_out(t->ex, host + off, t->ls[i].master[p], v[k].bytes))) {
+      v[k].rank = ps->rank;
+      for (uint32_t j = 0; j < v[k].rank; j++) v[k].shape[j] = ps->dims[j];
+      v[k].bytes = ps->count * sizeof(float);
+      if ((rc = t->b->copy_out(t->ex, host + off, src, v[k].bytes))) {
         gs_err_set(e, GS_INTERNAL, "", "backend %s: copy out failed (%d)", t->b->name, rc);
         goto out;
       }
@@ -1447,13 +1702,14 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
   t->gslot_of = calloc(t->model.n_layers, sizeof *t->gslot_of);
   uint64_t per = gs_shape_elements(&t->model.input);
   uint32_t nb = t->r.batch_size;
+  size_t nr = (size_t)nb * t->model.positions; /* loss rows */
   t->h_img = malloc((size_t)nb * per * sizeof(float));
-  t->h_lab = malloc((size_t)nb * sizeof(int32_t));
-  t->h_pred = malloc((size_t)nb * sizeof(int32_t));
-  t->h_loss = malloc((size_t)nb * sizeof(float));
+  t->h_lab = malloc(nr * sizeof(int32_t));
+  t->h_pred = malloc(nr * sizeof(int32_t));
+  t->h_loss = malloc(nr * sizeof(float));
   t->eval_idx = malloc((size_t)nb * sizeof(uint64_t));
   t->perm = malloc((size_t)train->n * sizeof(uint64_t));
-  t->host_bytes = (uint64_t)nb * per * sizeof(float) + (uint64_t)nb * 3 * sizeof(int32_t) +
+  t->host_bytes = (uint64_t)nb * per * sizeof(float) + (uint64_t)nr * 3 * sizeof(int32_t) +
                   (uint64_t)nb * sizeof(uint64_t) + train->n * sizeof(uint64_t);
   if (!t->ls || grc || !t->g || !t->gslot_busy || !t->gslot_of || !t->h_img || !t->h_lab ||
       !t->h_pred || !t->h_loss || !t->eval_idx || !t->perm) {

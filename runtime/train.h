@@ -166,6 +166,8 @@ typedef enum gs_train_slot {
   GS_TSLOT_ACT_GRAD,    /* job: activation-gradient slot (index 0, 1, ...) */
   GS_TSLOT_OP_WORKSPACE,/* job: op scratch (largest *_workspace query) */
   GS_TSLOT_LOSS_SCALE,  /* job: loss-scale state block */
+  GS_TSLOT_STATE,       /* per state tensor (batch_norm's running statistics), fp32 */
+  GS_TSLOT_SAVED,       /* per layer: what it keeps for its backward beside its output */
 } gs_train_slot;
 
 typedef struct gs_train_buffer {
