@@ -192,8 +192,31 @@ static void dataset_in(const Gpushare__V1__Dataset *d, gs_spec_dataset *out) {
       out->classes = d->synthetic->classes;
     }
     break;
+  case GPUSHARE__V1__DATASET__SOURCE_NPY:
+    out->source = GS_DATASET_NPY;
+    if (d->npy) {
+      out->images = d->npy->images;
+      out->labels = d->npy->labels;
+    }
+    break;
+  case GPUSHARE__V1__DATASET__SOURCE_TEXT:
+    out->source = GS_DATASET_TEXT;
+    if (d->text) {
+      out->path = d->text->path;
+      out->examples = d->text->examples;
+    }
+    break;
+  case GPUSHARE__V1__DATASET__SOURCE_TOKENS:
+    out->source = GS_DATASET_TOKENS;
+    if (d->tokens) {
+      out->path = d->tokens->path;
+      out->vocab_size = d->tokens->vocab_size;
+      out->examples = d->tokens->examples;
+    }
+    break;
   default: break;
   }
+  out->sequence_length = d->sequence_length;
 }
 
 static void optimizer_in(const Gpushare__V1__Optimizer *o, gs_spec_optimizer *out) {

@@ -2,9 +2,10 @@
  * data.c: IDX and synthetic datasets for gpushare's training runtime.
  *
  * IDX pairs (the MNIST family) are read by runtime/idx.c, the one IDX
- * reader, which checks every header before it allocates a body; here an
- * images file and a labels file of equal counts become one gs_dataset, its
- * images on huge pages where the set is big.
+ * reader, which checks every header before it allocates a body; .npy pairs
+ * by runtime/npy.c, token streams by runtime/tokens.c. Here an images file
+ * and a labels file of equal counts become one gs_dataset, its images on
+ * huge pages where the set is big, and a token file a set of examples.
  *
  * The synthetic set and the data order use splitmix64 with integer-only
  * arithmetic, so they are identical on every machine.
@@ -23,6 +24,8 @@
 
 #include "common/file.h"
 #include "runtime/idx.h"
+#include "runtime/npy.h"
+#include "runtime/tokens.h"
 
 /* ---- PRNG ---------------------------------------------------------------- */
 
@@ -103,6 +106,11 @@ static uint8_t *images_rehome(uint8_t *buf, size_t bytes) {
   return p;
 }
 
+static const char *base_name(const char *path) {
+  const char *s = strrchr(path, '/');
+  return s ? s + 1 : path;
+}
+
 /* One IDX input in memory: its header, then its whole body (malloc'd). */
 static int read_idx(const uint8_t *p, size_t len, const char *name, const char *field,
                     gs_idx_kind kind, gs_idx_header *h, uint8_t **body, gs_err *e) {
@@ -173,11 +181,6 @@ int gs_dataset_load_idx_mem(const uint8_t *img, size_t img_len, const uint8_t *l
   return gs_dataset_load_idx_mem_named(img, img_len, NULL, lab, lab_len, NULL, out, e);
 }
 
-static const char *base_name(const char *path) {
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
 int gs_dataset_load_idx(const char *images_path, const char *labels_path, gs_dataset *out,
                         gs_err *e) {
   uint8_t *img = NULL, *lab = NULL;
@@ -194,6 +197,133 @@ int gs_dataset_load_idx(const char *images_path, const char *labels_path, gs_dat
 fail:
   free(img);
   free(lab);
+  return rc;
+}
+
+/* ---- .npy (runtime/npy.c reads; here the pair becomes a dataset) -------- */
+
+/* One .npy input in memory, checked whole: header, length, elements. */
+static int check_npy(const uint8_t *p, size_t len, const char *name, const char *field,
+                     gs_npy_kind kind, gs_npy_header *h, uint64_t *max_label, gs_err *e) {
+  int rc = gs_npy_read_header(p, len, name, field, kind, h, e);
+  if (!rc) rc = gs_npy_check_length(h, len, name, field, e);
+  if (!rc) rc = gs_npy_scan(h, p + h->data_offset, 0, h->elems, name, field, max_label, e);
+  return rc;
+}
+
+int gs_dataset_load_npy_mem_named(const uint8_t *img, size_t img_len, const char *img_name,
+                                  const uint8_t *lab, size_t lab_len, const char *lab_name,
+                                  gs_dataset *out, gs_err *e) {
+  int rc;
+  void *pix = NULL;
+  int32_t *labels = NULL;
+  memset(out, 0, sizeof *out);
+  const char *iname = img_name ? img_name : "the images data";
+  const char *lname = lab_name ? lab_name : "the labels data";
+  gs_npy_header ih, lh;
+  uint64_t maxl = 0;
+  if ((rc = check_npy(img, img_len, iname, "images", GS_NPY_IMAGES, &ih, NULL, e))) goto fail;
+  if ((rc = check_npy(lab, lab_len, lname, "labels", GS_NPY_LABELS, &lh, &maxl, e))) goto fail;
+  if (lh.dims[0] != ih.dims[0]) {
+    rc = GS_DATASET_ECOUNT;
+    gs_err_set(e, GS_INVALID_ARGUMENT, "labels",
+               "%s has %llu labels but the images file %s has %llu images", lname,
+               (unsigned long long)lh.dims[0], iname, (unsigned long long)ih.dims[0]);
+    goto fail;
+  }
+  const size_t bytes = (size_t)(ih.elems * ih.itemsize);
+  pix = images_alloc(bytes);
+  labels = malloc(sizeof *labels * (size_t)lh.elems);
+  if (!pix || !labels) {
+    rc = -ENOMEM;
+    gs_err_set(e, GS_RESOURCE_EXHAUSTED, "images", "no memory for the %llu examples of %s",
+               (unsigned long long)ih.dims[0], iname);
+    goto fail;
+  }
+  /* Little-endian in the file and on every host gpushare builds for. */
+  _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "float32 pixels are copied as bytes");
+  memcpy(pix, img + ih.data_offset, bytes);
+  const uint8_t *lb = lab + lh.data_offset;
+  for (uint64_t i = 0; i < lh.elems; i++) labels[i] = (int32_t)gs_npy_int(&lh, lb, i);
+  out->n = ih.dims[0];
+  out->h = (uint32_t)ih.dims[1];
+  out->w = (uint32_t)ih.dims[2];
+  out->c = ih.ndims == 4 ? (uint32_t)ih.dims[3] : 1;
+  out->classes = maxl + 1 < 2 ? 2 : (uint32_t)maxl + 1;
+  if (ih.dtype == GS_NPY_F4) out->images_f32 = pix;
+  else out->images = pix;
+  out->labels = labels;
+  return 0;
+fail:
+  free(pix);
+  free(labels);
+  return rc;
+}
+
+int gs_dataset_load_npy(const char *images_path, const char *labels_path, gs_dataset *out,
+                        gs_err *e) {
+  uint8_t *img = NULL, *lab = NULL;
+  size_t ilen = 0, llen = 0;
+  int rc;
+  memset(out, 0, sizeof *out);
+  /* A .npy file is at most its header and GS_DATASET_MAX_ELEMS bytes. */
+  const uint64_t cap = GS_DATASET_MAX_ELEMS + GS_NPY_MAX_HEADER + 12;
+  if ((rc = gs_file_read(images_path, cap, "images", &img, &ilen, e))) goto out;
+  if ((rc = gs_file_read(labels_path, cap, "labels", &lab, &llen, e))) goto out;
+  rc = gs_dataset_load_npy_mem_named(img, ilen, base_name(images_path), lab, llen,
+                                     base_name(labels_path), out, e);
+out:
+  free(img);
+  free(lab);
+  return rc;
+}
+
+/* ---- token streams (runtime/tokens.c checks; here they become examples) - */
+
+int gs_dataset_load_tokens_mem_named(const uint8_t *p, size_t len, const char *name,
+                                     gs_token_format format, uint32_t vocab_size,
+                                     uint32_t seq_len, gs_dataset *out, gs_err *e) {
+  memset(out, 0, sizeof *out);
+  const char *nm = name ? name : "the token data";
+  uint32_t vocab;
+  uint64_t n;
+  int rc = gs_tokens_vocab(format, vocab_size, "vocab_size", &vocab, e);
+  if (rc) return rc;
+  if (seq_len == 0)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "sequence_length",
+                      "sequence_length is 0; a token dataset needs the model's sequence length "
+                      "T >= 1 (each example reads T + 1 tokens)");
+  if ((rc = gs_tokens_count(format, len, (uint64_t)seq_len + 1, nm, "data", &n, e))) return rc;
+  if ((rc = gs_tokens_scan(format, p, len, 0, vocab, nm, "data", e))) return rc;
+  uint16_t *t = malloc(sizeof *t * (size_t)n);
+  if (!t)
+    return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "data", "no memory for the %llu tokens of %s",
+                      (unsigned long long)n, nm),
+           -ENOMEM;
+  if (format == GS_TOKENS_TEXT)
+    for (uint64_t i = 0; i < n; i++) t[i] = p[i];
+  else
+    for (uint64_t i = 0; i < n; i++) t[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+  out->kind = GS_DATA_TOKENS;
+  out->n = (n - 1) / seq_len;
+  out->seq_len = seq_len;
+  out->classes = vocab;
+  /* The dropped tail is not kept: the set holds what its examples read. */
+  uint16_t *fit = realloc(t, sizeof *t * (size_t)(out->n * seq_len + 1));
+  out->tokens = fit ? fit : t;
+  return 0;
+}
+
+int gs_dataset_load_tokens(const char *path, gs_token_format format, uint32_t vocab_size,
+                           uint32_t seq_len, gs_dataset *out, gs_err *e) {
+  uint8_t *p = NULL;
+  size_t len = 0;
+  memset(out, 0, sizeof *out);
+  int rc = gs_file_read(path, GS_TOKENS_MAX * gs_tokens_width(format), "data", &p, &len, e);
+  if (!rc)
+    rc = gs_dataset_load_tokens_mem_named(p, len, base_name(path), format, vocab_size, seq_len,
+                                          out, e);
+  free(p);
   return rc;
 }
 
@@ -214,11 +344,116 @@ static int load_synthetic(const gs_job_spec *spec, const char *which, uint64_t e
   return rc;
 }
 
+static bool is_stream(const gs_spec_dataset *d) {
+  return d->source == GS_DATASET_TEXT || d->source == GS_DATASET_TOKENS;
+}
+
+static const char *stream_key(const gs_spec_dataset *d) {
+  return d->source == GS_DATASET_TEXT ? "text" : "tokens";
+}
+
+/* A stream's fields, checked before its file is read. */
+static int check_stream(const char *which, const gs_spec_dataset *d, gs_err *e) {
+  const char *k = stream_key(d);
+  char f[64];
+  uint32_t vocab;
+  if (!d->path || !d->path[0]) {
+    snprintf(f, sizeof f, "%s.%s.path", which, k);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f, "the %s dataset's %s names no file: set path",
+                      which, k);
+  }
+  if (d->sequence_length == 0) {
+    snprintf(f, sizeof f, "%s.sequence_length", which);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "%s.sequence_length is 0; a %s dataset is cut into examples of the "
+                      "model's sequence length T >= 1, each reading T + 1 tokens",
+                      which, k);
+  }
+  snprintf(f, sizeof f, "%s.tokens.vocab_size", which);
+  return gs_tokens_vocab(d->source == GS_DATASET_TEXT ? GS_TOKENS_TEXT : GS_TOKENS_U16,
+                         d->vocab_size, f, &vocab, e);
+}
+
+/* Do train and test read one stream (then they split it)? */
+static bool same_stream(const gs_spec_dataset *a, const gs_spec_dataset *b) {
+  return is_stream(a) && a->source == b->source && a->path && b->path &&
+         strcmp(a->path, b->path) == 0 && a->sequence_length == b->sequence_length &&
+         (a->source == GS_DATASET_TEXT || a->vocab_size == b->vocab_size);
+}
+
+/* Examples [first, first + count) of a loaded stream into out (count 0:
+ * all from first on); *all is moved, not copied, when that is all of it,
+ * and freed by the caller either way. */
+static int stream_take(gs_dataset *all, const char *which, const gs_spec_dataset *d,
+                       uint64_t first, uint64_t count, gs_dataset *out, gs_err *e) {
+  char f[64];
+  snprintf(f, sizeof f, "%s.%s.examples", which, stream_key(d));
+  uint64_t left = first < all->n ? all->n - first : 0;
+  if (count == 0) count = left;
+  if (count == 0 || count > left)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "%s takes %llu examples from example %llu on, but the file holds %llu "
+                      "examples of sequence_length %u (%llu tokens)",
+                      which, (unsigned long long)count, (unsigned long long)first,
+                      (unsigned long long)all->n, all->seq_len,
+                      (unsigned long long)(all->n * all->seq_len + 1));
+  if (first == 0 && count == all->n) {
+    *out = *all;
+    memset(all, 0, sizeof *all);
+    return 0;
+  }
+  int rc = gs_dataset_slice(all, first, count, out, e);
+  if (rc) gs_err_prefix(e, which);
+  return rc;
+}
+
 static int load_set(const gs_job_spec *spec, const char *which, const gs_spec_dataset *d,
                     gs_dataset_idx_fn load_idx, const void *user, gs_dataset *out, gs_err *e) {
   if (d->source == GS_DATASET_SYNTHETIC)
     return load_synthetic(spec, which, d->examples, d, out, e);
-  return load_idx(user, which, d, out, e);
+  if (!is_stream(d)) return load_idx(user, which, d, out, e);
+  gs_dataset all;
+  int rc = check_stream(which, d, e);
+  if (!rc) rc = load_idx(user, which, d, &all, e);
+  if (rc) return rc;
+  if (all.n == 0) {
+    *out = all;
+    return 0;
+  }
+  rc = stream_take(&all, which, d, 0, d->examples, out, e);
+  gs_dataset_free(&all);
+  return rc;
+}
+
+/* Train and test of one stream: train its first train.examples, test the
+ * next test.examples (0: the rest), as synthetic sets of one task split. */
+static int load_shared_stream(const gs_job_spec *spec, gs_dataset_idx_fn load_idx,
+                              const void *user, gs_dataset *train, gs_dataset *test, gs_err *e) {
+  const gs_spec_dataset *tr = &spec->train, *te = &spec->test;
+  char f[64];
+  if (tr->examples == 0) {
+    snprintf(f, sizeof f, "train.%s.examples", stream_key(tr));
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "train.%s.examples is 0, but test names the same file: set how many "
+                      "examples train takes (test takes the next test.%s.examples, 0: the rest)",
+                      stream_key(tr), stream_key(tr));
+  }
+  gs_dataset all;
+  int rc = check_stream("train", tr, e);
+  if (!rc) rc = load_idx(user, "train", tr, &all, e);
+  if (rc) return rc;
+  if (tr->examples == all.n) {
+    snprintf(f, sizeof f, "test.%s.examples", stream_key(te));
+    rc = gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                    "the file holds %llu examples and train takes them all "
+                    "(train.%s.examples %llu): none are left for test",
+                    (unsigned long long)all.n, stream_key(tr), (unsigned long long)tr->examples);
+  }
+  /* train takes fewer than all (or is refused): a copy, all stays whole. */
+  if (!rc) rc = stream_take(&all, "train", tr, 0, tr->examples, train, e);
+  if (!rc) rc = stream_take(&all, "test", te, tr->examples, te->examples, test, e);
+  gs_dataset_free(&all);
+  return rc;
 }
 
 int gs_dataset_load_job(const gs_job_spec *spec, gs_dataset_idx_fn load_idx, const void *user,
@@ -240,6 +475,11 @@ int gs_dataset_load_job(const gs_job_spec *spec, gs_dataset_idx_fn load_idx, con
     if (!rc) rc = gs_dataset_slice(&all, tr->examples, te->examples, test, e);
     gs_dataset_free(&all);
     if (rc) goto fail;
+    *has_test = true;
+    return 0;
+  }
+  if (same_stream(tr, te)) {
+    if ((rc = load_shared_stream(spec, load_idx, user, train, test, e))) goto fail;
     *has_test = true;
     return 0;
   }
@@ -339,8 +579,22 @@ int gs_dataset_slice(const gs_dataset *src, uint64_t first, uint64_t count, gs_d
                       (unsigned long long)first, (unsigned long long)first,
                       (unsigned long long)count, (unsigned long long)src->n),
            -EINVAL;
+  if (src->kind == GS_DATA_TOKENS) {
+    const uint64_t t = (uint64_t)src->seq_len;
+    uint16_t *tok = malloc(sizeof *tok * (size_t)(count * t + 1));
+    if (!tok)
+      return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "slice",
+                        "no memory for a slice of %llu examples", (unsigned long long)count),
+             -ENOMEM;
+    memcpy(tok, src->tokens + first * t, sizeof *tok * (size_t)(count * t + 1));
+    *out = *src;
+    out->n = count;
+    out->tokens = tok;
+    return 0;
+  }
   uint64_t img = gs_dataset_image_bytes(src);
-  uint8_t *pix = images_alloc((size_t)(img * count));
+  const size_t px = src->images_f32 ? sizeof(float) : 1;
+  uint8_t *pix = images_alloc((size_t)(img * count) * px);
   int32_t *labels = malloc(sizeof *labels * (size_t)count);
   if (!pix || !labels) {
     free(pix);
@@ -349,11 +603,13 @@ int gs_dataset_slice(const gs_dataset *src, uint64_t first, uint64_t count, gs_d
                       (unsigned long long)count),
            -ENOMEM;
   }
-  memcpy(pix, src->images + first * img, (size_t)(img * count));
+  const uint8_t *from = src->images_f32 ? (const uint8_t *)src->images_f32 : src->images;
+  memcpy(pix, from + first * img * px, (size_t)(img * count) * px);
   memcpy(labels, src->labels + first, sizeof *labels * (size_t)count);
   *out = *src;
   out->n = count;
-  out->images = pix;
+  if (src->images_f32) out->images_f32 = (float *)(void *)pix;
+  else out->images = pix;
   out->labels = labels;
   return 0;
 }
@@ -361,8 +617,38 @@ int gs_dataset_slice(const gs_dataset *src, uint64_t first, uint64_t count, gs_d
 void gs_dataset_free(gs_dataset *d) {
   if (!d) return;
   free(d->images);
+  free(d->images_f32);
   free(d->labels);
+  free(d->tokens);
   memset(d, 0, sizeof *d);
+}
+
+uint64_t gs_dataset_host_bytes(const gs_dataset *d) {
+  if (d->kind == GS_DATA_TOKENS) return d->tokens ? (d->n * d->seq_len + 1) * sizeof *d->tokens : 0;
+  uint64_t px = d->images_f32 ? sizeof(float) : 1;
+  return d->n * (gs_dataset_image_bytes(d) * px + sizeof(int32_t));
+}
+
+int gs_dataset_check_images(const gs_dataset *d, const char *which, gs_err *e) {
+  if (d->kind != GS_DATA_TOKENS) return 0;
+  return gs_err_set(e, GS_INVALID_ARGUMENT, which,
+                    "the %s dataset holds token sequences (sequence_length %u, vocabulary %u), "
+                    "but the job's model takes images (model.input): a token dataset needs a "
+                    "model whose input is token ids",
+                    which, d->seq_len, d->classes);
+}
+
+void gs_dataset_gather_tokens(const gs_dataset *d, const uint64_t *idx, uint32_t count,
+                              int32_t *inputs, int32_t *targets) {
+  const uint64_t t = d->seq_len;
+  for (uint32_t i = 0; i < count; i++) {
+    const uint16_t *src = d->tokens + idx[i] * t;
+    int32_t *in = inputs + (uint64_t)i * t, *tg = targets + (uint64_t)i * t;
+    for (uint64_t k = 0; k < t; k++) {
+      in[k] = src[k];
+      tg[k] = src[k + 1];
+    }
+  }
 }
 
 /* Examples the gather asks memory for ahead of the one it converts. */
@@ -379,6 +665,14 @@ __attribute__((target_clones("arch=x86-64-v3", "default")))
 void gs_dataset_gather_f32(const gs_dataset *d, const uint64_t *idx, uint32_t count,
                            float *images_out, int32_t *labels_out) {
   uint64_t img = gs_dataset_image_bytes(d);
+  if (d->images_f32) {
+    /* float32 pixels are used as given. */
+    for (uint32_t i = 0; i < count; i++) {
+      memcpy(images_out + (uint64_t)i * img, d->images_f32 + idx[i] * img, sizeof(float) * img);
+      if (labels_out) labels_out[i] = d->labels[idx[i]];
+    }
+    return;
+  }
   for (uint32_t i = 0; i < count; i++) {
     const uint8_t *restrict src = d->images + idx[i] * img;
     float *restrict dst = images_out + (uint64_t)i * img;

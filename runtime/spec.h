@@ -83,6 +83,9 @@ typedef enum gs_dataset_source {
   GS_DATASET_IDX,       /* images + labels (paths or "sha256:HEX") */
   GS_DATASET_NAME,      /* a dataset in the daemon's store */
   GS_DATASET_SYNTHETIC, /* examples, seed, classes */
+  GS_DATASET_NPY,       /* images + labels .npy (paths or "sha256:HEX") */
+  GS_DATASET_TEXT,      /* path: raw text, a token per byte; examples, sequence_length */
+  GS_DATASET_TOKENS,    /* path: uint16 ids; vocab_size, examples, sequence_length */
 } gs_dataset_source;
 
 /* One layer. Only the fields of its kind are read. */
@@ -108,11 +111,14 @@ typedef struct gs_spec_layer {
 
 typedef struct gs_spec_dataset {
   gs_dataset_source source;
-  const char *images, *labels; /* IDX */
+  const char *images, *labels; /* IDX, NPY */
   const char *name;            /* NAME */
-  uint64_t examples;           /* SYNTHETIC */
-  uint64_t seed;
-  uint32_t classes;            /* (default 10) */
+  uint64_t examples;           /* SYNTHETIC; TEXT, TOKENS (0: all the file holds) */
+  uint64_t seed;               /* SYNTHETIC */
+  uint32_t classes;            /* SYNTHETIC (default 10) */
+  const char *path;            /* TEXT, TOKENS */
+  uint32_t vocab_size;         /* TOKENS */
+  uint32_t sequence_length;    /* TEXT, TOKENS: T */
 } gs_spec_dataset;
 
 typedef struct gs_spec_sgd {

@@ -406,3 +406,42 @@ Test(spec_pb, timeline_message_and_chart) {
   free(txt);
   gpushare__v1__memory_timeline__free_unpacked(m, NULL);
 }
+
+Test(spec_pb, npy_text_and_token_datasets_arrive) {
+  static full f;
+  full_init(&f);
+  Gpushare__V1__NpyFiles npy = GPUSHARE__V1__NPY_FILES__INIT;
+  npy.images = "x.npy";
+  npy.labels = "y.npy";
+  f.train.source_case = GPUSHARE__V1__DATASET__SOURCE_NPY;
+  f.train.npy = &npy;
+  Gpushare__V1__TokenFile tok = GPUSHARE__V1__TOKEN_FILE__INIT;
+  tok.path = "ids.bin";
+  tok.vocab_size = 50257;
+  tok.examples = 12;
+  f.test.source_case = GPUSHARE__V1__DATASET__SOURCE_TOKENS;
+  f.test.tokens = &tok;
+  f.test.has_sequence_length = true;
+  f.test.sequence_length = 64;
+  gs_job_spec s;
+  cr_assert_eq(gs_spec_pb_job(&f.spec, &s, &e), 0, "%s", e.msg);
+  cr_expect_eq(s.train.source, GS_DATASET_NPY);
+  cr_expect_str_eq(s.train.images, "x.npy");
+  cr_expect_str_eq(s.train.labels, "y.npy");
+  cr_expect_eq(s.test.source, GS_DATASET_TOKENS);
+  cr_expect_str_eq(s.test.path, "ids.bin");
+  cr_expect_eq(s.test.vocab_size, 50257);
+  cr_expect_eq(s.test.examples, 12);
+  cr_expect_eq(s.test.sequence_length, 64);
+  gs_spec_pb_job_free(&s);
+  Gpushare__V1__TextFile txt = GPUSHARE__V1__TEXT_FILE__INIT;
+  txt.path = "book.txt";
+  f.test.source_case = GPUSHARE__V1__DATASET__SOURCE_TEXT;
+  f.test.text = &txt;
+  cr_assert_eq(gs_spec_pb_job(&f.spec, &s, &e), 0, "%s", e.msg);
+  cr_expect_eq(s.test.source, GS_DATASET_TEXT);
+  cr_expect_str_eq(s.test.path, "book.txt");
+  cr_expect_eq(s.test.examples, 0);
+  cr_expect_eq(s.test.sequence_length, 64);
+  gs_spec_pb_job_free(&s);
+}
