@@ -242,6 +242,13 @@ static Gpushare__V1__DatasetInfo *dup_info(const Gpushare__V1__DatasetInfo *in) 
 
 int gs_client_upload_file(gs_client *c, const char *name, const char *path, char sha256_hex[65],
                           Gpushare__V1__DatasetInfo **info, gs_err *e) {
+  return gs_client_upload_file_as(c, name, path, GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX,
+                                  0, sha256_hex, info, e);
+}
+
+int gs_client_upload_file_as(gs_client *c, const char *name, const char *path,
+                             Gpushare__V1__DatasetFormat format, uint32_t vocab_size,
+                             char sha256_hex[65], Gpushare__V1__DatasetInfo **info, gs_err *e) {
   int rc;
   if (info) *info = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -288,6 +295,16 @@ int gs_client_upload_file(gs_client *c, const char *name, const char *path, char
       up.name = (char *)name;
       up.has_total_bytes = 1;
       up.total_bytes = (uint64_t)size;
+      /* IDX is the default: an older daemon, which knows no format, is
+       * sent none. */
+      if (format != GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX) {
+        up.has_format = 1;
+        up.format = format;
+      }
+      if (format == GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16) {
+        up.has_vocab_size = 1;
+        up.vocab_size = vocab_size;
+      }
     } else {
       up.has_upload_id = 1;
       up.upload_id = upload_id;

@@ -66,6 +66,13 @@ void gs_client_free_response(Gpushare__V1__Response *resp);
  * and field "file". */
 int gs_client_upload_file(gs_client *c, const char *name, const char *path, char sha256_hex[65],
                           Gpushare__V1__DatasetInfo **info, gs_err *e);
+/* The same for a file of another format (gpushare.v1.DatasetFormat: the
+ * daemon checks the file as that at commit; vocab_size for
+ * DATASET_FORMAT_TOKENS_U16). gs_client_upload_file is this with
+ * DATASET_FORMAT_IDX. */
+int gs_client_upload_file_as(gs_client *c, const char *name, const char *path,
+                             Gpushare__V1__DatasetFormat format, uint32_t vocab_size,
+                             char sha256_hex[65], Gpushare__V1__DatasetInfo **info, gs_err *e);
 
 /* sha256 of a local file, as lowercase hex; 0 or -errno with e set. */
 int gs_client_sha256_file(const char *path, char hex[65], uint64_t *bytes, gs_err *e);

@@ -4,10 +4,11 @@
  * since resolving them is a question for the store: which bytes it holds,
  * what to upload and under which name).
  *
- * Datasets named by path in a job (idx images/labels) are hashed here,
- * uploaded unless the tenant's store already holds that sha256, and the job
- * is rewritten to refer to "sha256:HEX": the daemon never opens a client's
- * path.
+ * Datasets named by path in a job (idx and npy images/labels, text and
+ * tokens paths) are hashed here, uploaded (as their format, which the
+ * daemon checks them as) unless the tenant's store already holds that
+ * sha256, and the job is rewritten to refer to "sha256:HEX": the daemon
+ * never opens a client's path.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -41,9 +42,38 @@ static void dataset_row(table *t, const Gpushare__V1__DatasetInfo *d, int full_h
 
 static const char *const dataset_cols[] = {"NAME", "TENANT", "SIZE", "SHA256", "CREATED", NULL};
 
+/* --format's words, in gpushare.v1.DatasetFormat's order. */
+static const char *const format_words[] = {"idx", "npy", "text", "tokens"};
+
+/* Does the file start as a .npy file does (\x93NUMPY)? */
+static int looks_npy(const char *path) {
+  unsigned char b[6];
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  size_t n = fread(b, 1, sizeof b, f);
+  fclose(f);
+  return n == 6 && !memcmp(b, "\x93NUMPY", 6);
+}
+
 int gpuctl_cmd_dataset_add(gpuctl_cli *x, gpuctl_parsed *p) {
   const char *name = p->pos[0];
   int nfiles = p->npos - 1;
+  int format = -1; /* -1: by each file's first bytes */
+  uint32_t vocab = 0;
+  if (p->nval[0]) {
+    for (int f = 0; f < 4; f++)
+      if (!strcmp(p->val[0][0], format_words[f])) format = f;
+    if (format < 0)
+      return cli_usage_error(x, "--format \"%s\" is no dataset format: idx, npy, text or tokens",
+                             p->val[0][0]);
+  }
+  if (p->nval[1] && format != GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16)
+    return cli_usage_error(x, "--vocab-size goes with --format tokens");
+  if (format == GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16) {
+    if (!p->nval[1])
+      return cli_usage_error(x, "--format tokens needs --vocab-size N: every token id must be below N");
+    if (cli_parse_u32(x, "--vocab-size", p->val[1][0], 2, 65536, &vocab)) return GPUCTL_EXIT_USAGE;
+  }
   /* Every file must be readable before anything is uploaded. */
   for (int i = 1; i < p->npos; i++) {
     struct stat st;
@@ -68,7 +98,11 @@ int gpuctl_cmd_dataset_add(gpuctl_cli *x, gpuctl_parsed *p) {
     gs_err e = {0};
     Gpushare__V1__DatasetInfo *info = NULL;
     char hex[65];
-    int urc = gs_client_upload_file(x->c, dsname, p->pos[i], hex, &info, &e);
+    int f = format >= 0 ? format
+                        : looks_npy(p->pos[i]) ? GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_NPY
+                                               : GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX;
+    int urc = gs_client_upload_file_as(x->c, dsname, p->pos[i], (Gpushare__V1__DatasetFormat)f,
+                                       vocab, hex, &info, &e);
     if (urc) {
       /* what was added before the failure is still shown */
       if (x->json) {
@@ -176,19 +210,61 @@ static int is_upload(const char *path) {
   return !(stat(path, &st) < 0 && errno == ENOENT && !strchr(path, '/'));
 }
 
+/* The file slots of a Dataset (up to 2), the format each is uploaded as
+ * and the field each is named by ("idx.images"). */
+typedef struct file_slots {
+  char **slot[2];
+  const char *field[2];
+  int n;
+  Gpushare__V1__DatasetFormat format;
+  uint32_t vocab_size;
+} file_slots;
+
+static void dataset_slots(Gpushare__V1__Dataset *d, file_slots *f) {
+  memset(f, 0, sizeof *f);
+  if (!d) return;
+  switch (d->source_case) {
+  case GPUSHARE__V1__DATASET__SOURCE_IDX:
+    if (!d->idx) return;
+    *f = (file_slots){{&d->idx->images, &d->idx->labels}, {"idx.images", "idx.labels"}, 2,
+                      GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX, 0};
+    return;
+  case GPUSHARE__V1__DATASET__SOURCE_NPY:
+    if (!d->npy) return;
+    *f = (file_slots){{&d->npy->images, &d->npy->labels}, {"npy.images", "npy.labels"}, 2,
+                      GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_NPY, 0};
+    return;
+  case GPUSHARE__V1__DATASET__SOURCE_TEXT:
+    if (!d->text) return;
+    *f = (file_slots){{&d->text->path, NULL}, {"text.path", NULL}, 1,
+                      GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TEXT, 0};
+    return;
+  case GPUSHARE__V1__DATASET__SOURCE_TOKENS:
+    if (!d->tokens) return;
+    *f = (file_slots){{&d->tokens->path, NULL}, {"tokens.path", NULL}, 1,
+                      GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16,
+                      d->tokens->vocab_size};
+    return;
+  default: return;
+  }
+}
+
 int gpuctl_spec_uploads(const Gpushare__V1__JobSpec *spec) {
-  const Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
-  for (int i = 0; i < 2; i++)
-    if (sets[i] && sets[i]->source_case == GPUSHARE__V1__DATASET__SOURCE_IDX && sets[i]->idx &&
-        (is_upload(sets[i]->idx->images) || is_upload(sets[i]->idx->labels)))
-      return 1;
+  Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
+  for (int i = 0; i < 2; i++) {
+    file_slots f;
+    dataset_slots(sets[i], &f);
+    for (int k = 0; k < f.n; k++)
+      if (is_upload(*f.slot[k])) return 1;
+  }
   return 0;
 }
 
-/* Turn one idx path of the spec into "sha256:HEX"; with upload, make sure the
- * store has the bytes (uploading as dataset basename, or basename-SHA12 when
- * that name holds other bytes). */
-static int resolve_path(gpuctl_cli *x, store_list *s, const char *field, char **slotp, int upload) {
+/* Turn one file path of the spec into "sha256:HEX"; with upload, make sure
+ * the store has the bytes (uploading as dataset basename, or basename-SHA12
+ * when that name holds other bytes), checked by the daemon as `format`. */
+static int resolve_path(gpuctl_cli *x, store_list *s, const char *field, char **slotp,
+                        Gpushare__V1__DatasetFormat format, uint32_t vocab_size, int upload) {
   char *path = *slotp;
   /* A local file is uploaded; a bare name that is no file here is one of
    * the tenant's datasets (gpuctl dataset add NAME FILE), which the daemon
@@ -203,12 +279,13 @@ static int resolve_path(gpuctl_cli *x, store_list *s, const char *field, char **
     if (!have_sha(x, s, hex)) {
       if (!x->json) fprintf(stderr, "uploading %s (%s) as %s\n", path, table_fsize(bytes), gpuctl_base_name(path));
       char got[65];
-      int rc = gs_client_upload_file(x->c, gpuctl_base_name(path), path, got, NULL, &e);
+      int rc = gs_client_upload_file_as(x->c, gpuctl_base_name(path), path, format, vocab_size,
+                                        got, NULL, &e);
       if (rc == GS_CLIENT_REFUSED && e.code == GS_ALREADY_EXISTS) {
         char alt[300];
         snprintf(alt, sizeof alt, "%s-%.12s", gpuctl_base_name(path), hex);
         gs_err_clear(&e);
-        rc = gs_client_upload_file(x->c, alt, path, got, NULL, &e);
+        rc = gs_client_upload_file_as(x->c, alt, path, format, vocab_size, got, NULL, &e);
         if (rc == GS_CLIENT_REFUSED && e.code == GS_ALREADY_EXISTS) rc = 0; /* same bytes, same name */
         else if (!rc) snprintf(hex, sizeof hex, "%s", got);
       } else if (!rc) {
@@ -229,12 +306,13 @@ static int resolve_path(gpuctl_cli *x, store_list *s, const char *field, char **
 }
 
 static int resolve_dataset(gpuctl_cli *x, store_list *s, const char *which, Gpushare__V1__Dataset *d, int upload) {
-  if (!d || d->source_case != GPUSHARE__V1__DATASET__SOURCE_IDX || !d->idx) return 0;
-  char f[64];
-  snprintf(f, sizeof f, "spec.%s.idx.images", which);
-  if (resolve_path(x, s, f, &d->idx->images, upload)) return GPUCTL_EXIT_FAIL;
-  snprintf(f, sizeof f, "spec.%s.idx.labels", which);
-  if (resolve_path(x, s, f, &d->idx->labels, upload)) return GPUCTL_EXIT_FAIL;
+  file_slots fs;
+  dataset_slots(d, &fs);
+  for (int k = 0; k < fs.n; k++) {
+    char f[64];
+    snprintf(f, sizeof f, "spec.%s.%s", which, fs.field[k]);
+    if (resolve_path(x, s, f, fs.slot[k], fs.format, fs.vocab_size, upload)) return GPUCTL_EXIT_FAIL;
+  }
   return 0;
 }
 

@@ -66,6 +66,11 @@ static const gpuctl_flag quota_set_flags[] = {
     {"--max-queued", NULL, "N", 0, 0, "jobs waiting at once (0 = unlimited)"},
     {0}};
 
+static const gpuctl_flag dataset_add_flags[] = {
+    {"--format", NULL, "FORMAT", 0, 0, "idx, npy, text or tokens (default: npy for a .npy file, else idx)"},
+    {"--vocab-size", NULL, "N", 0, 0, "--format tokens: every token id must be below N (2 to 65536)"},
+    {0}};
+
 static const gpuctl_flag plan_flags[] = {
     {"--vdev", NULL, "V", 0, 0,
      "plan against this vdev's memory limit (default: the spec's vdev, else your tenant's only one)"},
@@ -114,10 +119,15 @@ static const gpuctl_command commands[] = {
     {"quota set", "TENANT", 1, 1, "change a tenant's quota; only the flags given change (admin)", quota_set_flags,
      gpuctl_cmd_quota_set, NULL},
     {"quota show", "TENANT", 1, 1, "show a tenant's quota and usage", no_flags, gpuctl_cmd_quota_show, NULL},
-    {"dataset add", "NAME FILE...", 2, -1, "upload files to the dataset store", no_flags, gpuctl_cmd_dataset_add,
+    {"dataset add", "NAME FILE...", 2, -1, "upload files to the dataset store", dataset_add_flags,
+     gpuctl_cmd_dataset_add,
      "One file becomes dataset NAME; several files become one dataset each, named\n"
      "NAME.BASENAME (e.g. fmnist.train-images-idx3-ubyte.gz). Files go up in 1 MiB\n"
-     "chunks with their sha256, which the daemon checks before it commits them.\n"},
+     "chunks with their sha256, which the daemon checks before it commits them, as\n"
+     "the --format given: idx, npy (a NumPy .npy images or labels array), text (raw\n"
+     "text, a token per byte) or tokens (little-endian uint16 token ids, each below\n"
+     "--vocab-size). Without --format a file that starts as a .npy file does is\n"
+     "npy, any other idx.\n"},
     {"dataset list", "", 0, 0, "list datasets you can use", no_flags, gpuctl_cmd_dataset_list, NULL},
     {"dataset rm", "NAME", 1, 1, "remove a dataset", no_flags, gpuctl_cmd_dataset_rm, NULL},
     {"job encode", "JOB.txtpb", 1, 1, "turn a job written as text protobuf into the binary JOB.pb", job_encode_flags,

@@ -55,7 +55,8 @@ _gpuctl() {
   local globals="--socket --json --help"
   # Value-taking flags of every command (and the global --socket).
   local valued=" --socket --device --memory --compute --policy --tenant --uid --gid
-    --max-running --max-queued --vdev --priority --output -o --since --unit "
+    --max-running --max-queued --vdev --priority --output -o --since --unit --format
+    --vocab-size "
 
   # Walk the words before the cursor: global options, the command, its
   # positional arguments.
@@ -114,7 +115,11 @@ _gpuctl() {
     COMPREPLY=($(compgen -W "$(_gpuctl_names "$prog" "${sock[@]}" -- name vdev list)" -- "$cur"))
     return
     ;;
-  --memory | --compute | --uid | --gid | --max-running | --max-queued | --priority | --since)
+  --format)
+    COMPREPLY=($(compgen -W "idx npy text tokens" -- "$cur"))
+    return
+    ;;
+  --memory | --compute | --uid | --gid | --max-running | --max-queued | --priority | --since | --vocab-size)
     return
     ;;
   esac
@@ -125,6 +130,7 @@ _gpuctl() {
   "vdev set") flags="--memory --compute --policy" ;;
   "tenant create") flags="--uid --gid --memory --compute --max-running --max-queued" ;;
   "quota set") flags="--memory --compute --max-running --max-queued" ;;
+  "dataset add") flags="--format --vocab-size" ;;
   "job encode") flags="-o --output" ;;
   plan) flags="--vdev" ;;
   submit) flags="--watch --vdev --priority" ;;

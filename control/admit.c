@@ -1,8 +1,8 @@
 /*
  * admit.c: everything the control plane asks of the training runtime, in
  * one file: the plan of a job (plan), the model and dataset checks and the
- * admission against a vdev (submit), and the check of an uploaded IDX file
- * (upload_dataset). The handlers (rpc_jobs.c, rpc_datasets.c) call these
+ * admission against a vdev (submit), and the check of an uploaded file as
+ * the format its upload names (upload_dataset). The handlers (rpc_jobs.c, rpc_datasets.c) call these
  * and see no runtime type: what comes back is a gpushare.v1.Plan built in
  * the request's arena, or the plain figures of gs_admit.
  *
@@ -24,7 +24,9 @@
 #include "present/present.h"
 #include "runtime/idx.h"
 #include "runtime/model.h"
+#include "runtime/npy.h"
 #include "runtime/plan.h"
+#include "runtime/tokens.h"
 #include "convert/spec_pb.h"
 
 /* ------------------------------------------------------------- submit --- */
@@ -52,10 +54,91 @@ static int idx_probe(const char *path, gs_idx_kind kind, const char *what, const
 }
 
 /* Host bytes a loaded set of n examples holds (runtime/data.h's
- * gs_dataset: a byte per pixel, an int32 label), saturating. */
+ * gs_dataset: `image` bytes of pixels, an int32 label), saturating. */
 static uint64_t set_bytes(uint64_t n, uint64_t image) {
   uint64_t each = image + sizeof(int32_t);
   return n > UINT64_MAX / each ? UINT64_MAX : n * each;
+}
+
+/* A .npy pair of the store (runtime/npy.c, as the loader reads it): the
+ * images' header and length, the labels whole (their largest is the
+ * number of classes - 1). Fills the shape, the classes and the bytes a
+ * pixel holds. */
+static int npy_probe(const char *ip, const char *lp, const char *set, uint64_t *n, uint32_t *h,
+                     uint32_t *w, uint32_t *c, uint32_t *classes, uint64_t *pixel_bytes,
+                     gs_err *e) {
+  char f[64], what[32];
+  gs_npy_header hi, hl;
+  uint64_t top = 0;
+  snprintf(f, sizeof f, "spec.%s.npy.images", set);
+  snprintf(what, sizeof what, "the %s images", set);
+  if (gs_npy_probe_file(ip, what, f, GS_NPY_IMAGES, &hi, e) < 0) return gs_err_rc(e);
+  snprintf(f, sizeof f, "spec.%s.npy.labels", set);
+  snprintf(what, sizeof what, "the %s labels", set);
+  if (gs_npy_check_file(lp, what, f, GS_NPY_LABELS, &hl, &top, e) < 0) return gs_err_rc(e);
+  if (hi.dims[0] != hl.dims[0]) {
+    snprintf(f, sizeof f, "spec.%s", set);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "%s has %" PRIu64 " image%s but %" PRIu64 " label%s", set, hi.dims[0],
+                      hi.dims[0] == 1 ? "" : "s", hl.dims[0], hl.dims[0] == 1 ? "" : "s");
+  }
+  *n = hi.dims[0];
+  *h = (uint32_t)hi.dims[1];
+  *w = (uint32_t)hi.dims[2];
+  *c = hi.ndims == 4 ? (uint32_t)hi.dims[3] : 1;
+  *classes = top + 1 < 2 ? 2 : (uint32_t)top + 1;
+  *pixel_bytes = hi.itemsize;
+  return 0;
+}
+
+/* A text or token set of the spec: its fields, then its file (every id
+ * below the vocabulary, at least one example), then what the job's model
+ * takes. Today's models take images: a token set is refused, naming the
+ * mismatch, once its file is known to be good. */
+static int stream_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
+                        int k, const char *set, const gs_model *m, gs_err *e) {
+  const Gpushare__V1__Dataset *ds = k ? spec->test : spec->train;
+  const bool text = ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TEXT;
+  const char *key = text ? "text" : "tokens";
+  const uint32_t t = ds->sequence_length;
+  char f[64], what[32], path[PATH_MAX], unused[PATH_MAX];
+  uint32_t vocab;
+  if (t == 0) {
+    snprintf(f, sizeof f, "spec.%s.sequence_length", set);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "%s.sequence_length is 0; a %s dataset is cut into examples of the model's "
+                      "sequence length T >= 1, each reading T + 1 tokens",
+                      set, key);
+  }
+  snprintf(f, sizeof f, "spec.%s.tokens.vocab_size", set);
+  if (gs_tokens_vocab(text ? GS_TOKENS_TEXT : GS_TOKENS_U16, text ? 0 : ds->tokens->vocab_size,
+                      f, &vocab, e) < 0)
+    return gs_err_rc(e);
+  snprintf(f, sizeof f, "spec.%s", set);
+  if (gs_datasets_resolve_set(d, tenant, ds, f, path, unused, sizeof path, e) < 0)
+    return gs_err_rc(e);
+  snprintf(f, sizeof f, "spec.%s.%s.path", set, key);
+  snprintf(what, sizeof what, "the %s %s", set, text ? "text" : "token file");
+  uint64_t n;
+  if (gs_tokens_check_file(path, text ? GS_TOKENS_TEXT : GS_TOKENS_U16, vocab, (uint64_t)t + 1,
+                           what, f, &n, e) < 0)
+    return gs_err_rc(e);
+  uint64_t examples = text ? ds->text->examples : ds->tokens->examples;
+  uint64_t have = (n - 1) / t;
+  if (examples > have) {
+    snprintf(f, sizeof f, "spec.%s.%s.examples", set, key);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "%s.%s.examples is %" PRIu64 ", but %s holds %" PRIu64 " examples of "
+                      "sequence_length %" PRIu32 " (%" PRIu64 " tokens)",
+                      set, key, examples, what, have, t, n);
+  }
+  snprintf(f, sizeof f, "spec.%s.%s", set, key);
+  return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                    "the %s dataset is a token stream (%s, sequence_length %" PRIu32
+                    ", vocabulary %" PRIu32 "), but the model takes images of %" PRIu32 "x%" PRIu32
+                    "x%" PRIu32 " (model.input) and ends in %" PRIu32 " classes: a token dataset "
+                    "needs a model whose input is token ids",
+                    set, key, t, vocab, m->input.h, m->input.w, m->input.c, m->classes);
 }
 
 /* Validate the datasets of a spec against its model (input shape, classes);
@@ -66,7 +149,9 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
   if (!spec->train || spec->train->source_case == GPUSHARE__V1__DATASET__SOURCE__NOT_SET)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "spec.train",
                       "the job has no training dataset: set train { idx { images labels } }, "
-                      "train { name } or train { synthetic { examples } }");
+                      "train { npy { images labels } }, train { name }, train { synthetic { "
+                      "examples } }, train { text { path } } or train { tokens { path "
+                      "vocab_size } }");
   const Gpushare__V1__Dataset *sets[2] = {spec->train, spec->test};
   const char *names[2] = {"spec.train", "spec.test"};
   uint64_t train_examples = 0;
@@ -117,8 +202,25 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
       *data_bytes += set_bytes(sy->examples, image);
       continue;
     }
+    if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TEXT ||
+        ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TOKENS)
+      return stream_check(d, tenant, spec, k, names[k] + 5, m, e);
     char ip[PATH_MAX], lp[PATH_MAX];
     if (gs_datasets_resolve_set(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return gs_err_rc(e);
+    if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_NPY) {
+      uint64_t n = 0, px = 0;
+      uint32_t h = 0, w = 0, c = 0, classes = 0;
+      if (npy_probe(ip, lp, names[k] + 5, &n, &h, &w, &c, &classes, &px, e) < 0)
+        return gs_err_rc(e);
+      if (k == 1 && classes < m->classes) classes = m->classes; /* as for IDX below */
+      if (gs_model_check_dataset(m, names[k] + 5, h, w, c, classes, e) < 0) {
+        gs_err_prefix(e, "spec");
+        return gs_err_rc(e);
+      }
+      if (k == 0) train_examples = n;
+      *data_bytes += set_bytes(n, (uint64_t)h * w * c * px);
+      continue;
+    }
     gs_idx_header hi, hl;
     uint32_t classes = 0;
     char f[64], what[32];
@@ -399,4 +501,32 @@ int gs_admit_idx_check(const char *path, const char *name, gs_err *e) {
   if (!rc) rc = gs_idx_read_body(x, &h, NULL, NULL, e);
   gs_idx_close(x);
   return rc;
+}
+
+int gs_admit_upload_check(const char *path, const char *name, int format, uint32_t vocab_size,
+                          gs_err *e) {
+  char what[GS_NAME_MAX + 16];
+  snprintf(what, sizeof what, "dataset %s", name);
+  uint64_t n;
+  switch (format) {
+  case GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX: return gs_admit_idx_check(path, name, e);
+  case GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_NPY: {
+    gs_npy_header h;
+    return gs_npy_check_file(path, what, "data", GS_NPY_ANY, &h, NULL, e);
+  }
+  case GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TEXT:
+    /* Any bytes are text; one example needs two tokens. */
+    return gs_tokens_check_file(path, GS_TOKENS_TEXT, 256, 2, what, "data", &n, e);
+  case GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16: {
+    uint32_t vocab;
+    int rc = gs_tokens_vocab(GS_TOKENS_U16, vocab_size, "vocab_size", &vocab, e);
+    if (rc) return rc;
+    return gs_tokens_check_file(path, GS_TOKENS_U16, vocab, 2, what, "data", &n, e);
+  }
+  default:
+    return gs_err_set(e, GS_INVALID_ARGUMENT, "format",
+                      "format %d is no dataset format this daemon knows: DATASET_FORMAT_IDX (0), "
+                      "_NPY (1), _TEXT (2) or _TOKENS_U16 (3)",
+                      format);
+  }
 }

@@ -60,5 +60,13 @@ int gs_admit_least_peak(const Gpushare__V1__JobSpec *spec, uint32_t micro, uint3
 /* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
  * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
 int gs_admit_idx_check(const char *path, const char *name, gs_err *e);
+/* Is the file at path what an upload of `format` (a
+ * gpushare.v1.DatasetFormat) says it is: an IDX file, a .npy images or
+ * labels array, text, or uint16 token ids each below vocab_size (read only
+ * for DATASET_FORMAT_TOKENS_U16)? 0, or a negative code with e set: field
+ * "format" or "vocab_size" for a value the request got wrong, else "data",
+ * naming the dataset and what is wrong with its file. */
+int gs_admit_upload_check(const char *path, const char *name, int format, uint32_t vocab_size,
+                          gs_err *e);
 
 #endif

@@ -117,5 +117,19 @@ int gs_datasets_resolve_set(gs_daemon *d, const char *tenant, const Gpushare__V1
     }
     return 0;
   }
+  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_NPY) {
+    snprintf(f, sizeof f, "%s.npy.images", field);
+    if (gs_datasets_resolve(d, tenant, ds->npy->images, f, images, len, e) < 0) return gs_err_rc(e);
+    snprintf(f, sizeof f, "%s.npy.labels", field);
+    return gs_datasets_resolve(d, tenant, ds->npy->labels, f, labels, len, e);
+  }
+  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TEXT) {
+    snprintf(f, sizeof f, "%s.text.path", field);
+    return gs_datasets_resolve(d, tenant, ds->text->path, f, images, len, e);
+  }
+  if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TOKENS) {
+    snprintf(f, sizeof f, "%s.tokens.path", field);
+    return gs_datasets_resolve(d, tenant, ds->tokens->path, f, images, len, e);
+  }
   return 0; /* synthetic: nothing to resolve */
 }

@@ -22,8 +22,9 @@ void gs_datasets_dir(const gs_daemon *d, const char *sub, char *buf, size_t len)
  * refused, naming `field`. */
 int gs_datasets_resolve(gs_daemon *d, const char *tenant, const char *ref, const char *field,
                         char *path, size_t len, gs_err *e);
-/* A job's Dataset (idx pair, named pair, or synthetic: "" both) to the blob
- * paths of its images and labels; errors name field.idx.images, ... */
+/* A job's Dataset to the blob paths of its images and labels (an idx, npy
+ * or named pair), of its stream in images and "" in labels (text, tokens),
+ * or "" both (synthetic); errors name field.idx.images, field.text.path, ... */
 int gs_datasets_resolve_set(gs_daemon *d, const char *tenant, const Gpushare__V1__Dataset *ds,
                             const char *field, char *images, char *labels, size_t len,
                             gs_err *e);

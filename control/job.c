@@ -362,8 +362,21 @@ uint32_t gs_jobs_count(gs_daemon *d, const char *tenant, int state) {
 }
 
 static bool dataset_uses(const Gpushare__V1__Dataset *ds, const char *sha) {
-  if (!ds || ds->source_case != GPUSHARE__V1__DATASET__SOURCE_IDX) return false;
-  const char *refs[2] = {ds->idx->images, ds->idx->labels};
+  const char *refs[2] = {NULL, NULL};
+  if (!ds) return false;
+  switch (ds->source_case) {
+  case GPUSHARE__V1__DATASET__SOURCE_IDX:
+    refs[0] = ds->idx->images;
+    refs[1] = ds->idx->labels;
+    break;
+  case GPUSHARE__V1__DATASET__SOURCE_NPY:
+    refs[0] = ds->npy->images;
+    refs[1] = ds->npy->labels;
+    break;
+  case GPUSHARE__V1__DATASET__SOURCE_TEXT: refs[0] = ds->text->path; break;
+  case GPUSHARE__V1__DATASET__SOURCE_TOKENS: refs[0] = ds->tokens->path; break;
+  default: return false;
+  }
   for (int i = 0; i < 2; i++)
     if (refs[i] && !strncmp(refs[i], "sha256:", 7) && !strcmp(refs[i] + 7, sha)) return true;
   return false;

@@ -3,10 +3,11 @@
  * remove_dataset.
  *
  * The daemon never opens a path a client names: `gpuctl dataset add` (and
- * `gpuctl submit`, for the IDX paths in a job) sends the bytes in chunks.
+ * `gpuctl submit`, for the file paths in a job) sends the bytes in chunks.
  * An upload writes STATE_DIR/uploads/<id>.part while it lasts, hashing as it
  * goes; commit checks the size and the sha256 the client computed, checks
- * the file as the training runtime will read it (admit.c), fsyncs, and
+ * the file as the training runtime will read it, as the format the first
+ * chunk named (IDX unless it names another: admit.c), fsyncs, and
  * renames the file to STATE_DIR/datasets/<sha256> (or drops it when that
  * content is already there: blobs are shared, deduplicated by content),
  * then records the tenant's name for it in the store. Until that row exists
@@ -47,6 +48,8 @@ typedef struct upload {
   int fd;
   gs_sha256 sha;
   uint64_t received, total; /* total 0: not announced */
+  int format;               /* gpushare.v1.DatasetFormat: what commit checks the file as */
+  uint32_t vocab_size;      /* DATASET_FORMAT_TOKENS_U16: every id below it */
   struct upload *next;
 } upload;
 
@@ -151,7 +154,8 @@ static int commit_upload(gs_call *c, upload *u, const char *want_sha, gs_dataset
                       "upload of %s has sha256 %s but the client computed %.64s; the data was "
                       "damaged on the way, nothing was kept",
                       u->name, hex, want_sha);
-  if (gs_admit_idx_check(u->path, u->name, e) < 0) return gs_err_rc(e);
+  if (gs_admit_upload_check(u->path, u->name, u->format, u->vocab_size, e) < 0)
+    return gs_err_rc(e);
   if (quota_check(d, u->tenant, u->name, hex, u->received, "data", e) < 0)
     return gs_err_rc(e);
   if (fsync(u->fd) < 0)
@@ -205,6 +209,19 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
   char sz[2][32];
   if (!r->has_upload_id || r->upload_id == 0) {
     if (gs_store_name_valid(r->name, "name", e) < 0) return gs_err_rc(e);
+    int format = r->has_format ? (int)r->format : GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX;
+    if (format < GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_IDX ||
+        format > GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16)
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "format",
+                        "format %d is no dataset format this daemon knows: DATASET_FORMAT_IDX "
+                        "(0), _NPY (1), _TEXT (2) or _TOKENS_U16 (3)",
+                        format);
+    if (format == GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16 &&
+        (r->vocab_size < 2 || r->vocab_size > 65536))
+      return gs_err_set(e, GS_INVALID_ARGUMENT, "vocab_size",
+                        "vocab_size is %" PRIu32 "; an upload of uint16 token ids names its "
+                        "vocabulary, 2 to 65536, and every id must be below it",
+                        r->vocab_size);
     if (r->has_total_bytes && r->total_bytes > d->cfg.max_upload)
       return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "total_bytes",
                         "dataset %s is %s; this daemon takes uploads of at most %s (max_upload)",
@@ -225,6 +242,8 @@ int gs_rpc_upload_dataset(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e
     snprintf(u->tenant, sizeof u->tenant, "%s", c->id.tenant);
     snprintf(u->name, sizeof u->name, "%s", r->name);
     u->total = r->has_total_bytes ? r->total_bytes : 0;
+    u->format = format;
+    u->vocab_size = r->vocab_size;
     snprintf(u->path, sizeof u->path, "%s/uploads/%" PRIu64 ".part", d->cfg.state_dir, u->id);
     u->fd = open(u->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (u->fd < 0) {

@@ -572,23 +572,31 @@ static void on_set_vdevs(const Gpushare__Exec__V1__SetVdevs *sv) {
 
 /* ------------------------------------------------------------------ jobs --- */
 
-/* A stored IDX set of the job: the blob paths the control plane resolved
- * into StartJob (the executor never opens a path a client named). Empty
- * test paths mean no test set. */
+/* A stored set of the job: the blob paths the control plane resolved into
+ * StartJob (the executor never opens a path a client named): an IDX or
+ * .npy pair, or a text or token stream (its path in *_images). Empty test
+ * paths mean no test set. */
 static int load_idx(const void *user, const char *which, const gs_spec_dataset *d, gs_dataset *out,
                     gs_err *e) {
-  (void)d;
   const Gpushare__Exec__V1__StartJob *s = user;
   bool train = strcmp(which, "train") == 0;
   const char *images = train ? s->train_images : s->test_images;
   const char *labels = train ? s->train_labels : s->test_labels;
+  bool stream = d->source == GS_DATASET_TEXT || d->source == GS_DATASET_TOKENS;
   if (!train && (!images || !images[0])) return 0;
-  if (!images || !images[0] || !labels || !labels[0])
+  if (!images || !images[0] || (!stream && (!labels || !labels[0])))
     return gs_err_set(e, GS_FAILED_PRECONDITION, which,
-                      "the %s dataset is stored IDX data, but StartJob gave no %s_images and "
-                      "%s_labels paths to read it from",
-                      which, which, which);
-  int rc = gs_dataset_load_idx(images, labels, out, e);
+                      "the %s dataset is stored data, but StartJob gave no %s_images%s path to "
+                      "read it from",
+                      which, which, stream ? "" : " and labels");
+  int rc;
+  if (d->source == GS_DATASET_NPY) rc = gs_dataset_load_npy(images, labels, out, e);
+  else if (stream)
+    rc = gs_dataset_load_tokens(images, d->source == GS_DATASET_TEXT ? GS_TOKENS_TEXT : GS_TOKENS_U16,
+                                d->vocab_size, d->sequence_length, out, e);
+  else rc = gs_dataset_load_idx(images, labels, out, e);
+  if (rc && stream) /* the file's fault (its fields were checked before) */
+    snprintf(e->field, sizeof e->field, "%s.path", d->source == GS_DATASET_TEXT ? "text" : "tokens");
   if (rc) gs_err_prefix(e, which);
   return rc;
 }
@@ -702,10 +710,8 @@ static shared_sets *sets_take(const Gpushare__Exec__V1__StartJob *s, const gs_jo
   return NULL; /* not reached */
 }
 
-/* Host bytes a loaded set holds: a byte per pixel, an int32 label. */
-static uint64_t set_bytes(const gs_dataset *d) {
-  return d->n * (gs_dataset_image_bytes(d) + sizeof *d->labels);
-}
+/* Host bytes a loaded set holds. */
+static uint64_t set_bytes(const gs_dataset *d) { return gs_dataset_host_bytes(d); }
 
 static void sets_drop(shared_sets *x) {
   if (!x) return;
@@ -909,6 +915,12 @@ static void *job_main(void *arg) {
     goto report;
   }
   j->data_bytes = set_bytes(&sets->train) + (sets->has_test ? set_bytes(&sets->test) : 0);
+  /* The training loop gathers images: a token set is refused by name. */
+  if (gs_dataset_check_images(&sets->train, "train", &e) ||
+      (sets->has_test && gs_dataset_check_images(&sets->test, "test", &e))) {
+    err_text(&e, reason, sizeof reason);
+    goto report;
+  }
   if (atomic_load(&j->stop)) goto report;
   {
     /* The planner's peak, reported beside the measured one. */

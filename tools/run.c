@@ -3,8 +3,9 @@
  *
  * It is the executor's runtime (train.h) driven from a shell: read a binary
  * gpushare.v1.JobSpec (encoded from text with protoc --encode), load the
- * datasets it names (IDX files or a synthetic set), create a GROWTH vdev
- * allocator on the CPU backend limited to half the machine's RAM, train,
+ * datasets it names (IDX or .npy files, a token file or a synthetic set),
+ * create a GROWTH vdev allocator on the CPU backend limited to half the
+ * machine's RAM, train,
  * print progress, per-epoch test metrics and a summary (with --json, a JSON
  * object on the last line, for scripts and benchmarks). Exit status: 0 done,
  * 1 the job failed (the gs_err field and message are printed), 2 usage.
@@ -192,14 +193,57 @@ typedef struct idx_dirs {
   const char *job_dir, *data_dir;
 } idx_dirs;
 
-/* An IDX set of the job, from files; a set named in the daemon's store is
- * refused, since gpushare-run has no store. */
+/* A stored set of the job (an IDX or .npy pair, a text or token stream),
+ * from files; a set named in the daemon's store is refused, since
+ * gpushare-run has no store. */
 static int load_idx(const void *user, const char *which, const gs_spec_dataset *d, gs_dataset *out,
                     gs_err *e) {
   const idx_dirs *dirs = user;
   char img[PATH_MAX], lab[PATH_MAX];
   int rc;
   switch (d->source) {
+  case GS_DATASET_NPY:
+    if (!d->images || !d->images[0] || !d->labels || !d->labels[0]) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, !d->images || !d->images[0] ? "npy.images" : "npy.labels",
+                 "the %s dataset's npy needs both images and labels paths", which);
+      break;
+    }
+    if (!strncmp(d->images, "sha256:", 7) || !strncmp(d->labels, "sha256:", 7)) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, "npy.images",
+                 "the %s dataset names a blob in the daemon's store (sha256:...); "
+                 "gpushare-run reads .npy files: give their paths",
+                 which);
+      break;
+    }
+    resolve(d->images, dirs->job_dir, dirs->data_dir, img, sizeof img);
+    resolve(d->labels, dirs->job_dir, dirs->data_dir, lab, sizeof lab);
+    rc = gs_dataset_load_npy(img, lab, out, e);
+    if (rc) {
+      if (!e->field[0]) snprintf(e->field, sizeof e->field, "images");
+      gs_err_prefix(e, "npy");
+      gs_err_prefix(e, which);
+    }
+    return rc;
+  case GS_DATASET_TEXT:
+  case GS_DATASET_TOKENS: {
+    const char *k = d->source == GS_DATASET_TEXT ? "text" : "tokens";
+    if (!strncmp(d->path, "sha256:", 7)) {
+      gs_err_set(e, GS_INVALID_ARGUMENT, d->source == GS_DATASET_TEXT ? "text.path" : "tokens.path",
+                 "the %s dataset names a blob in the daemon's store (sha256:...); "
+                 "gpushare-run reads %s files: give its path",
+                 which, k);
+      break;
+    }
+    resolve(d->path, dirs->job_dir, dirs->data_dir, img, sizeof img);
+    rc = gs_dataset_load_tokens(img, d->source == GS_DATASET_TEXT ? GS_TOKENS_TEXT : GS_TOKENS_U16,
+                                d->vocab_size, d->sequence_length, out, e);
+    if (rc) {
+      /* vocab_size and sequence_length were checked before: the file's. */
+      snprintf(e->field, sizeof e->field, "%s.path", k);
+      gs_err_prefix(e, which);
+    }
+    return rc;
+  }
   case GS_DATASET_IDX:
     if (!d->images || !d->images[0] || !d->labels || !d->labels[0]) {
       gs_err_set(e, GS_INVALID_ARGUMENT, !d->images || !d->images[0] ? "idx.images" : "idx.labels",
@@ -559,6 +603,9 @@ int main(int argc, char **argv) {
   planned_peak = adm.plan.peak_bytes;
   idx_dirs dirs = {.job_dir = job_dir, .data_dir = data_dir};
   if (gs_dataset_load_job(&run_spec, load_idx, &dirs, &train, &test, &have_test, &e)) goto fail;
+  if (gs_dataset_check_images(&train, "train", &e) ||
+      (have_test && gs_dataset_check_images(&test, "test", &e)))
+    goto fail;
 
   if (gs_alloc_create(b, 0, limit, policy, &alloc)) {
     gs_err_set(&e, GS_RESOURCE_EXHAUSTED, "", "cannot create a %" PRIu64 "-byte %s vdev on %s",

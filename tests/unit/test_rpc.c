@@ -678,3 +678,206 @@ Test(rpc, usage_is_read_by_whom_it_belongs_to) {
   expect_ok(r);
   gpushare__v1__response__free_unpacked(r, NULL);
 }
+
+/* ---- uploads of the other formats, and jobs on them ---------------------- */
+
+/* A .npy file: header dict (padded as numpy.save pads it), then data. */
+static size_t npy_dict(uint8_t *out, const char *dict, const void *data, size_t len) {
+  int n = (int)strlen(dict);
+  size_t hl = (10 + (size_t)n + 1 + 63) / 64 * 64 - 10;
+  memcpy(out, "\x93NUMPY\x01\x00", 8);
+  out[8] = (uint8_t)hl;
+  out[9] = (uint8_t)(hl >> 8);
+  memset(out + 10, ' ', hl);
+  memcpy(out + 10, dict, (size_t)n);
+  out[10 + hl - 1] = '\n';
+  memcpy(out + 10 + hl, data, len);
+  return 10 + hl + len;
+}
+
+/* numpy.save's header for descr and shape, then data. */
+static size_t npy_bytes(uint8_t *out, const char *descr, const char *shape, const void *data,
+                        size_t len) {
+  char dict[128];
+  snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
+           shape);
+  return npy_dict(out, dict, data, len);
+}
+
+/* One whole upload in one chunk; format -1: none named. */
+static Gpushare__V1__Response *upload(const gs_peer *p, const char *name, const void *data,
+                                      size_t len, int format, uint32_t vocab) {
+  Gpushare__V1__Request rq = GPUSHARE__V1__REQUEST__INIT;
+  Gpushare__V1__UploadDatasetRequest up = GPUSHARE__V1__UPLOAD_DATASET_REQUEST__INIT;
+  up.name = (char *)name;
+  up.has_data = up.has_commit = up.commit = 1;
+  up.data.data = (uint8_t *)data;
+  up.data.len = len;
+  if (format >= 0) {
+    up.has_format = 1;
+    up.format = (Gpushare__V1__DatasetFormat)format;
+  }
+  if (vocab) {
+    up.has_vocab_size = 1;
+    up.vocab_size = vocab;
+  }
+  rq.call_case = GPUSHARE__V1__REQUEST__CALL_UPLOAD_DATASET;
+  rq.upload_dataset = &up;
+  return call(p, &rq);
+}
+
+/* Files under STATE/sub. */
+static int files_in(const char *sub) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls -A '%s/%s' | wc -l) -eq 0", dir, sub);
+  int none = system(cmd) == 0;
+  snprintf(cmd, sizeof cmd, "test $(ls -A '%s/%s' | wc -l) -eq 1", dir, sub);
+  return none ? 0 : system(cmd) == 0 ? 1 : 2;
+}
+
+#define NPY GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_NPY
+#define TEXT GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TEXT
+#define TOKENS GPUSHARE__V1__DATASET_FORMAT__DATASET_FORMAT_TOKENS_U16
+
+static void refused_upload(const char *name, const void *data, size_t len, int format,
+                           uint32_t vocab, const char *field, const char *word) {
+  Gpushare__V1__Response *r = upload(&alice, name, data, len, format, vocab);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, field);
+  cr_assert(strstr(r->message, word), "\"%s\" lacks \"%s\"", r->message, word);
+  cr_assert(strstr(r->message, name) || strcmp(field, "upload_dataset.data"),
+            "the message names the dataset: %s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  cr_assert_eq(files_in("datasets"), 0, "nothing was stored");
+  cr_assert_eq(files_in("uploads"), 0, "no upload is left behind");
+  gs_dataset_row row;
+  gs_err e;
+  gs_err_clear(&e);
+  cr_assert_lt(gs_store_dataset_get(d.store, "alice", name, &row, &e), 0, "no row for %s", name);
+}
+
+Test(rpc, uploads_are_checked_as_their_format_and_refusals_keep_nothing) {
+  setup_alice_bob();
+  uint8_t buf[4096];
+  static const uint8_t zeros[64];
+  size_t n;
+  int32_t lab[4] = {0, 1, 2, -1};
+  n = npy_bytes(buf, "<i4", "(4,)", lab, sizeof lab);
+  refused_upload("neg.npy", buf, n, NPY, 0, "upload_dataset.data", "label -1 at index 3");
+  n = npy_dict(buf, "{'descr': '|u1', 'fortran_order': True, 'shape': (2, 2, 2), }", zeros, 8);
+  refused_upload("f.npy", buf, n, NPY, 0, "upload_dataset.data", "Fortran order");
+  n = npy_bytes(buf, ">f4", "(2, 2, 2)", zeros, 32);
+  refused_upload("be.npy", buf, n, NPY, 0, "upload_dataset.data", "big-endian");
+  n = npy_bytes(buf, "|O", "(2, 2, 2)", zeros, 8);
+  refused_upload("o.npy", buf, n, NPY, 0, "upload_dataset.data", "object array");
+  n = npy_bytes(buf, "|u1", "(2, 2, 2)", zeros, 8);
+  refused_upload("t.npy", buf, n - 1, NPY, 0, "upload_dataset.data", "truncated");
+  /* An .npy upload named as IDX (the default) is checked as IDX. */
+  n = npy_bytes(buf, "|u1", "(2, 2, 2)", zeros, 8);
+  refused_upload("i.npy", buf, n, -1, 0, "upload_dataset.data", "not an IDX file");
+  uint16_t ids[6] = {1, 2, 3, 40000, 5, 6};
+  refused_upload("ids.bin", ids, sizeof ids, TOKENS, 1000, "upload_dataset.data",
+                 "token id 40000 at byte offset 6");
+  refused_upload("ids.bin", ids, 11, TOKENS, 65536, "upload_dataset.data", "odd number");
+  refused_upload("ids.bin", ids, sizeof ids, TOKENS, 0, "upload_dataset.vocab_size",
+                 "vocab_size is 0");
+  refused_upload("ids.bin", ids, sizeof ids, 9, 0, "upload_dataset.format", "format 9");
+  refused_upload("one.txt", "x", 1, TEXT, 0, "upload_dataset.data", "holds 1 token");
+
+  /* Good files of each format are kept. */
+  Gpushare__V1__Response *r = upload(&alice, "ids.bin", ids, sizeof ids, TOKENS, 65536);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = upload(&alice, "book.txt", "to be or not to be", 18, TEXT, 0);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  n = npy_bytes(buf, "|u1", "(2, 2, 2)", zeros, 8);
+  r = upload(&alice, "x.npy", buf, n, NPY, 0);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  cr_assert_eq(files_in("uploads"), 0);
+}
+
+Test(rpc, npy_and_token_jobs_are_checked_at_submit) {
+  setup_alice_bob();
+  /* 64 examples of 8x8 float32, labels 0..3 as uint8. */
+  static uint8_t img[64 * 64 * 4 + 128], lab[64 + 128];
+  static float px[64 * 64];
+  uint8_t y[64];
+  for (int i = 0; i < 64 * 64; i++) px[i] = (float)(i % 13) / 13.0f;
+  for (int i = 0; i < 64; i++) y[i] = (uint8_t)(i % 4);
+  size_t ni = npy_bytes(img, "<f4", "(64, 8, 8)", px, sizeof px);
+  size_t nl = npy_bytes(lab, "|u1", "(64,)", y, sizeof y);
+  Gpushare__V1__Response *r = upload(&alice, "x.npy", img, ni, NPY, 0);
+  expect_ok(r);
+  char xref[80], yref[80];
+  snprintf(xref, sizeof xref, "sha256:%s", r->upload_dataset->dataset->sha256);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  r = upload(&alice, "y.npy", lab, nl, NPY, 0);
+  expect_ok(r);
+  snprintf(yref, sizeof yref, "sha256:%s", r->upload_dataset->dataset->sha256);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  spec_buf s;
+  spec_init(&s, 64);
+  Gpushare__V1__NpyFiles npy = GPUSHARE__V1__NPY_FILES__INIT;
+  npy.images = xref;
+  npy.labels = yref;
+  s.train.source_case = GPUSHARE__V1__DATASET__SOURCE_NPY;
+  s.train.npy = &npy;
+  s.spec.has_batch_size = 1;
+  s.spec.batch_size = 16;
+  r = submit(&alice, &s.spec);
+  expect_ok(r);
+  gpushare__v1__response__free_unpacked(r, NULL);
+
+  /* The labels named as images, and a model of another input shape. */
+  npy.images = yref;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.npy.images");
+  cr_assert(strstr(r->message, "is it the labels file?"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  npy.images = xref;
+  s.in.height = 7;
+  r = submit(&alice, &s.spec);
+  cr_assert_eq(r->code, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  s.in.height = 8;
+
+  /* A token stream: its file is checked, then the model is named. */
+  uint16_t ids[65];
+  for (int i = 0; i < 65; i++) ids[i] = (uint16_t)(i * 3);
+  r = upload(&alice, "ids.bin", ids, sizeof ids, TOKENS, 200);
+  expect_ok(r);
+  char tref[80];
+  snprintf(tref, sizeof tref, "sha256:%s", r->upload_dataset->dataset->sha256);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  Gpushare__V1__TokenFile tok = GPUSHARE__V1__TOKEN_FILE__INIT;
+  tok.path = tref;
+  tok.has_vocab_size = 1;
+  tok.vocab_size = 150; /* ids go to 192 */
+  s.train.source_case = GPUSHARE__V1__DATASET__SOURCE_TOKENS;
+  s.train.tokens = &tok;
+  s.train.has_sequence_length = 1;
+  s.train.sequence_length = 4;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.tokens.path");
+  cr_assert(strstr(r->message, "token id 150 at byte offset 100"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+  tok.vocab_size = 256;
+  s.train.sequence_length = 0;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.sequence_length");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  s.train.sequence_length = 4;
+  tok.has_examples = 1;
+  tok.examples = 17; /* (65 - 1) / 4 = 16 */
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.tokens.examples");
+  gpushare__v1__response__free_unpacked(r, NULL);
+  tok.examples = 0;
+  r = submit(&alice, &s.spec);
+  expect_err(r, GPUSHARE__V1__CODE__INVALID_ARGUMENT, "submit.spec.train.tokens");
+  cr_assert(strstr(r->message, "the model takes images of 8x8x1"), "%s", r->message);
+  cr_assert(strstr(r->message, "needs a model whose input is token ids"), "%s", r->message);
+  gpushare__v1__response__free_unpacked(r, NULL);
+}
