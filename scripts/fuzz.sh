@@ -3,7 +3,7 @@
 # (tests/fuzz/) with clang, AddressSanitizer and UndefinedBehaviorSanitizer,
 # and run each for SECONDS (default 30) on a copy of its committed corpus
 # (tests/fuzz/corpus/TARGET/); the repository is never written to.
-# TARGET is wire, request, jobspec, idx, ckpt or size (default: all, one
+# TARGET is wire, request, jobspec, idx, npy, ckpt or size (default: all, one
 # after the other). Prints the executions per target; exits non-zero on any
 # crash, leak, timeout or out-of-memory, naming the reproducer, which can be
 # rerun with: build-fuzz/bin/fuzz_TARGET REPRODUCER
@@ -13,7 +13,7 @@
 # Installs nothing: clang and its libFuzzer runtime must be there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL=(wire request jobspec idx ckpt size)
+ALL=(wire request jobspec idx npy ckpt size)
 SECS=${1:-30}
 shift || true
 TARGETS=("$@")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make_corpus.sh GPUSHARE_RUN: regenerate the seed corpora of tests/fuzz/
 # (corpus/<target>/seed-*) from real inputs: the examples' JobSpecs and
-# requests encoded with protoc, small IDX files (raw and gzip), checkpoints
+# requests encoded with protoc, small IDX files (raw and gzip), small .npy
+# files and token streams, checkpoints
 # written by a real gpushare-run (the path of a built one, e.g.
 # build/bin/gpushare-run) and size strings. Only the seed-* files
 # are rewritten; regression inputs (crash-*, regress-*) are kept.
@@ -15,7 +16,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 enc() { protoc --encode="gpushare.v1.$1" --proto_path="$root/proto" gpushare.proto; }
 c="$here/corpus"
-for t in wire request jobspec idx ckpt size; do
+for t in wire request jobspec idx npy ckpt size; do
   mkdir -p "$c/$t"
   rm -f "$c/$t"/seed-*
 done
@@ -125,6 +126,31 @@ w('gz-members', 7, images(4, 3, 2, 2), labels(4, 3))
 w('files-raw', 0xE0, images(2, 2, 2), labels(2, 2))
 w('files-gz', 0xE3, images(2, 3, 1), labels(2, 5))
 w('bad-count', 0, images(3, 2, 2), labels(4, 2))
+EOF
+
+# ---- npy: [mode][split u16 le, or stream bytes] + .npy images + .npy labels, or a stream
+python3 - "$c/npy" <<'EOF'
+import os, struct, sys
+dst = sys.argv[1]
+def npy(descr, shape, data, major=1):
+    d = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    pre = 10 if major == 1 else 12
+    hl = (pre + len(d) + 1 + 63) // 64 * 64 - pre
+    head = d.ljust(hl - 1) + '\n'
+    size = struct.pack('<H', hl) if major == 1 else struct.pack('<I', hl)
+    return b'\x93NUMPY' + bytes([major, 0]) + size + head.encode() + data
+def pair(name, img, lab):
+    open(os.path.join(dst, 'seed-' + name), 'wb').write(b'\x00' + struct.pack('<H', len(img)) + img + lab)
+def stream(name, mode, b1, b2, body):
+    open(os.path.join(dst, 'seed-' + name), 'wb').write(bytes([mode, b1, b2]) + body)
+pair('u1-i8', npy('|u1', '(3, 2, 2)', bytes(range(12))), npy('<i8', '(3,)', struct.pack('<3q', 0, 1, 2)))
+pair('f4-u1-v2', npy('<f4', '(2, 2, 2, 1)', struct.pack('<8f', *[i / 8 for i in range(8)]), 2),
+     npy('|u1', '(2,)', bytes([1, 0]), 2))
+pair('u2-labels', npy('|u1', '(2, 1, 3)', bytes(6)), npy('<u2', '(2,)', struct.pack('<2H', 5, 7)))
+pair('fortran', npy('|u1', '(2, 1, 1)', bytes(2)).replace(b'False', b'True '), npy('|i1', '(2,)', b'\x00\x01'))
+stream('text', 1, 3, 0, b'to be or not to be, that is the question')
+stream('u16', 2, 1, 0, struct.pack('<20H', *[i * 13 % 256 for i in range(20)]))
+stream('u16-over-vocab', 2, 0, 40, struct.pack('<8H', 1, 2, 3, 60, 4, 5, 6, 7))
 EOF
 
 # ---- ckpt: [mode] + checkpoints written by gpushare-run
