@@ -42,6 +42,13 @@ def check(ok, what, detail=""):
     return ok
 
 
+def npy_bytes(descr, shape, data, fortran=False):
+    """A .npy file (format 1.0) as numpy.save writes it."""
+    d = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, shape)
+    hl = (10 + len(d) + 1 + 63) // 64 * 64 - 10
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", hl) + (d.ljust(hl - 1) + "\n").encode() + data
+
+
 def expect_error(what, cls, code, field, text, fn, *args, **kw):
     """fn(...) raises cls with that code and field, its message containing text."""
     try:
@@ -140,6 +147,15 @@ def main():
     check(len(big) > 2 * gs.CHUNK and info.bytes == len(big) and info.sha256 == hashlib.sha256(big).hexdigest(),
           f"a {len(big)}-byte upload in three chunks", info)
     c.remove_dataset("blob")
+    # uploads of the other formats are checked as those: a refusal keeps nothing
+    expect_error("an .npy upload in Fortran order", gs.InvalidArgument, gs.pb.INVALID_ARGUMENT,
+                 "upload_dataset.data", "Fortran order", c.upload_dataset, "f.npy",
+                 npy_bytes("|u1", "(2, 2, 2)", bytes(8), fortran=True))
+    expect_error("a token id over vocab_size", gs.InvalidArgument, gs.pb.INVALID_ARGUMENT,
+                 "upload_dataset.data", "token id 9 at byte offset 2", c.upload_dataset, "ids",
+                 struct.pack("<3H", 1, 9, 2), "tokens", 5)
+    expect_error("an unknown format word", gs.InvalidArgument, gs.pb.INVALID_ARGUMENT,
+                 "upload_dataset.format", "no dataset format", c.upload_dataset, "ids", b"ab", "csv")
     names = sorted(d.name for d in c.list_datasets())
     check(names == ["quad.images", "quad.labels"], "list_datasets after remove_dataset", names)
 
@@ -322,8 +338,23 @@ def main():
     check(r.returncode == 0 and r.stdout.split() == ["False", "True", "True"],
           "from the source tree the messages are built from gpushare.proto", r.stdout + r.stderr)
 
+    # ---- an .npy pair from local files: uploaded as npy, trained on
+    x = struct.pack("<256f", *[((i // 64) % 4 == (i % 64) // 16) * 1.0 for i in range(256)])
+    xp, yp = os.path.join(WORK, "x.npy"), os.path.join(WORK, "y.npy")
+    with open(xp, "wb") as f:
+        f.write(npy_bytes("<f4", "(4, 8, 8)", x))
+    with open(yp, "wb") as f:
+        f.write(npy_bytes("|u1", "(4,)", bytes([0, 1, 2, 3])))
+    j_npy = c.submit(gs.job_spec("npy", input=(8, 8, 1), layers=[gs.flatten(), gs.dense(4)],
+                                 train=gs.npy(xp, yp), batch_size=2, epochs=2, vdev="pv"))
+    sent = c.status(j_npy).spec.train.npy
+    check(sent.images == "sha256:" + hashlib.sha256(open(xp, "rb").read()).hexdigest(),
+          "submit resolves local .npy paths to their sha256", sent)
+    ev = wait_end(c, j_npy)
+    check(ev.state == gs.pb.SUCCEEDED, "the .npy job SUCCEEDED", ev)
+
     # ---- clean up, with the delete calls
-    for name in ("quad.images", "quad.labels", "quadtest-images.gz", "quadtest-labels.gz"):
+    for name in ("quad.images", "quad.labels", "quadtest-images.gz", "quadtest-labels.gz", "x.npy", "y.npy"):
         c.remove_dataset(name)
     c.delete_vdev("pv")
     c.delete_tenant("py")

@@ -12,9 +12,10 @@ written as it accepts; it answers whatever was sent and raises.
 
 Datasets go up and weights come down in 1 MiB chunks, as gpuctl sends
 them. submit() and plan() resolve a spec's datasets as gpuctl does
-(client/cmd_dataset.c): an idx path that is a local file is hashed and
-named "sha256:HEX"; submit also uploads it, under its base name, unless
-the tenant's store already holds those bytes.
+(client/cmd_dataset.c): a dataset path (idx and npy images and labels, text
+and tokens path) that is a local file is hashed and named "sha256:HEX";
+submit also uploads it, as its format and under its base name, unless the
+tenant's store already holds those bytes.
 """
 import datetime
 import hashlib
@@ -122,8 +123,27 @@ def _sha256_file(path, field):
     return h.hexdigest()
 
 
+# upload_dataset's format words, as gpuctl dataset add --format takes them.
+_FORMATS = {"idx": pb.DATASET_FORMAT_IDX, "npy": pb.DATASET_FORMAT_NPY,
+            "text": pb.DATASET_FORMAT_TEXT, "tokens": pb.DATASET_FORMAT_TOKENS_U16}
+
+
+def _slots(d):
+    """The file references of a Dataset: (message, attribute, field, format,
+    vocab_size) for each."""
+    kind = d.WhichOneof("source")
+    if kind in ("idx", "npy"):
+        m = getattr(d, kind)
+        return [(m, a, f"{kind}.{a}", _FORMATS[kind], None) for a in ("images", "labels")]
+    if kind == "text":
+        return [(d.text, "path", "text.path", pb.DATASET_FORMAT_TEXT, None)]
+    if kind == "tokens":
+        return [(d.tokens, "path", "tokens.path", pb.DATASET_FORMAT_TOKENS_U16, d.tokens.vocab_size)]
+    return []
+
+
 def _is_upload(path):
-    """Is an idx reference a local file to upload? Not "sha256:..."; a bare
+    """Is a dataset reference a local file to upload? Not "sha256:..."; a bare
     name that is no file here is one of the tenant's datasets (the daemon
     looks it up); "./NAME" always means the file (as gpuctl)."""
     if not path or path.startswith("sha256:"):
@@ -361,23 +381,40 @@ class Client:
 
     # ---------------------------------------------------------- datasets ---
 
-    def upload_dataset(self, name, source):
+    def upload_dataset(self, name, source, format=None, vocab_size=None):
         """DatasetInfo: upload source (bytes, or a file path) as the tenant's
-        dataset name, in 1 MiB chunks with the SHA-256 checked at commit."""
+        dataset name, in 1 MiB chunks with the SHA-256 checked at commit.
+        format: "idx", "npy", "text" or "tokens" (with vocab_size), or a
+        pb.DatasetFormat, what the daemon checks the file as; default npy
+        for bytes that start as a .npy file does, else idx."""
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = memoryview(source).cast("B")
             size = len(data)
+            fmt = self._format(format, bytes(data[:6]))
             chunks = (data[i:i + CHUNK] for i in range(0, max(size, 1), CHUNK))
-            return self._upload(name, size, chunks)
+            return self._upload(name, size, chunks, fmt, vocab_size)
         path = os.fspath(source)
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                return self._upload(name, size, iter(lambda: f.read(CHUNK), b""))
+                fmt = self._format(format, f.read(6))
+                f.seek(0)
+                return self._upload(name, size, iter(lambda: f.read(CHUNK), b""), fmt, vocab_size)
         except OSError as e:
             raise InvalidArgument(f"cannot read {path}: {e.strerror}", "upload_dataset.data") from None
 
-    def _upload(self, name, size, chunks):
+    @staticmethod
+    def _format(format, head):
+        if format is None:
+            return pb.DATASET_FORMAT_NPY if head == b"\x93NUMPY" else pb.DATASET_FORMAT_IDX
+        if isinstance(format, str):
+            if format not in _FORMATS:
+                raise InvalidArgument(f"format {format!r} is no dataset format: idx, npy, text or tokens",
+                                      "upload_dataset.format")
+            return _FORMATS[format]
+        return format
+
+    def _upload(self, name, size, chunks, fmt=pb.DATASET_FORMAT_IDX, vocab_size=None):
         h = hashlib.sha256()
         upload_id, sent = 0, 0
         chunks = iter(chunks)
@@ -392,6 +429,10 @@ class Client:
             if first:
                 up.name = name
                 up.total_bytes = size
+                if fmt != pb.DATASET_FORMAT_IDX:  # an older daemon knows no format
+                    up.format = fmt
+                if vocab_size is not None:
+                    up.vocab_size = vocab_size
             else:
                 up.upload_id = upload_id
             if last:
@@ -413,37 +454,36 @@ class Client:
     delete_dataset = remove_dataset
 
     def _resolve(self, spec, call, upload):
-        """Rewrite the spec's local idx paths to "sha256:HEX", uploading
+        """Rewrite the spec's local dataset paths to "sha256:HEX", uploading
         what the store lacks when upload is true (as gpuctl submit)."""
         have = None
         for which in ("train", "test"):
-            d = getattr(spec, which)
-            if not spec.HasField(which) or d.WhichOneof("source") != "idx":
+            if not spec.HasField(which):
                 continue
-            for part in ("images", "labels"):
-                path = getattr(d.idx, part)
+            for msg, attr, name, fmt, vocab in _slots(getattr(spec, which)):
+                path = getattr(msg, attr)
                 if not _is_upload(path):
                     continue
-                field = f"{call}.spec.{which}.idx.{part}"
+                field = f"{call}.spec.{which}.{name}"
                 hexd = _sha256_file(path, field)
                 if upload:
                     if have is None:
                         have = {ds.sha256.lower() for ds in self.list_datasets()}
                     if hexd not in have:
-                        hexd = self._upload_as(path, hexd, field)
+                        hexd = self._upload_as(path, hexd, field, fmt, vocab)
                         have.add(hexd)
-                setattr(d.idx, part, "sha256:" + hexd)
+                setattr(msg, attr, "sha256:" + hexd)
 
-    def _upload_as(self, path, hexd, field):
+    def _upload_as(self, path, hexd, field, fmt=pb.DATASET_FORMAT_IDX, vocab=None):
         base = os.path.basename(path)
         try:
-            return self.upload_dataset(base, path).sha256 or hexd
+            return self.upload_dataset(base, path, fmt, vocab).sha256 or hexd
         except Error as e:
             if e.code != pb.ALREADY_EXISTS:
                 e.message = f"{field}: could not upload {path}: {e.message}"
                 raise
         try:  # that name holds other bytes: name these by their hash too
-            return self.upload_dataset(f"{base}-{hexd[:12]}", path).sha256 or hexd
+            return self.upload_dataset(f"{base}-{hexd[:12]}", path, fmt, vocab).sha256 or hexd
         except Error as e:
             if e.code == pb.ALREADY_EXISTS:  # same bytes, same name
                 return hexd
@@ -479,9 +519,8 @@ class Client:
         may fit it) or with nothing to upload."""
         if not s.vdev or s.auto_fit:
             return
-        if not any(s.HasField(w) and getattr(s, w).WhichOneof("source") == "idx"
-                   and (_is_upload(getattr(s, w).idx.images) or _is_upload(getattr(s, w).idx.labels))
-                   for w in ("train", "test")):
+        if not any(s.HasField(w) and _is_upload(getattr(m, a))
+                   for w in ("train", "test") for m, a, *_ in _slots(getattr(s, w))):
             return
         copy = pb.JobSpec()
         copy.CopyFrom(s)

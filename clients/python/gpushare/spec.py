@@ -194,6 +194,33 @@ def idx(images, labels):
     return d
 
 
+def npy(images, labels):
+    """NumPy .npy files (images |u1 or <f4, integer labels): local paths
+    (uploaded by submit), "sha256:HEX" or dataset names."""
+    d = pb.Dataset()
+    d.npy.images = os.fspath(images)
+    d.npy.labels = os.fspath(labels)
+    return d
+
+
+def text(path, sequence_length, examples=None):
+    """A raw text file read at byte level (vocabulary 256), cut into
+    examples of sequence_length tokens."""
+    d = pb.Dataset(sequence_length=sequence_length)
+    d.text.path = os.fspath(path)
+    fill(d.text, "text.", examples=examples)
+    return d
+
+
+def tokens(path, vocab_size, sequence_length, examples=None):
+    """Little-endian uint16 token ids, each below vocab_size, cut into
+    examples of sequence_length tokens."""
+    d = pb.Dataset(sequence_length=sequence_length)
+    d.tokens.path = os.fspath(path)
+    fill(d.tokens, "tokens.", vocab_size=vocab_size, examples=examples)
+    return d
+
+
 def named(name):
     """The tenant's datasets NAME.images and NAME.labels."""
     d = pb.Dataset()
