@@ -92,15 +92,16 @@ static int npy_probe(const char *ip, const char *lp, const char *set, uint64_t *
 }
 
 /* A text or token set of the spec: its fields, then its file (every id
- * below the vocabulary, at least one example), then what the job's model
- * takes. Today's models take images: a token set is refused, naming the
- * mismatch, once its file is known to be good. */
+ * below the vocabulary, at least one example), then the job's model: a
+ * model of tokens whose sequence length, vocabulary and head agree with it
+ * (gs_model_check_tokens). *examples: the examples the set gives. */
 static int stream_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec *spec,
-                        int k, const char *set, const gs_model *m, gs_err *e) {
+                        int k, const char *set, const gs_model *m, uint64_t *examples,
+                        uint64_t *bytes, gs_err *e) {
   const Gpushare__V1__Dataset *ds = k ? spec->test : spec->train;
   const bool text = ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TEXT;
   const char *key = text ? "text" : "tokens";
-  const uint32_t t = ds->sequence_length;
+  const uint32_t t = ds->sequence_length ? ds->sequence_length : m->tokens ? m->input.w : 0;
   char f[64], what[32], path[PATH_MAX], unused[PATH_MAX];
   uint32_t vocab;
   if (t == 0) {
@@ -123,22 +124,31 @@ static int stream_check(gs_daemon *d, const char *tenant, const Gpushare__V1__Jo
   if (gs_tokens_check_file(path, text ? GS_TOKENS_TEXT : GS_TOKENS_U16, vocab, (uint64_t)t + 1,
                            what, f, &n, e) < 0)
     return gs_err_rc(e);
-  uint64_t examples = text ? ds->text->examples : ds->tokens->examples;
+  uint64_t want = text ? ds->text->examples : ds->tokens->examples;
   uint64_t have = (n - 1) / t;
-  if (examples > have) {
+  if (want > have) {
     snprintf(f, sizeof f, "spec.%s.%s.examples", set, key);
     return gs_err_set(e, GS_INVALID_ARGUMENT, f,
                       "%s.%s.examples is %" PRIu64 ", but %s holds %" PRIu64 " examples of "
                       "sequence_length %" PRIu32 " (%" PRIu64 " tokens)",
-                      set, key, examples, what, have, t, n);
+                      set, key, want, what, have, t, n);
   }
-  snprintf(f, sizeof f, "spec.%s.%s", set, key);
-  return gs_err_set(e, GS_INVALID_ARGUMENT, f,
-                    "the %s dataset is a token stream (%s, sequence_length %" PRIu32
-                    ", vocabulary %" PRIu32 "), but the model takes images of %" PRIu32 "x%" PRIu32
-                    "x%" PRIu32 " (model.input) and ends in %" PRIu32 " classes: a token dataset "
-                    "needs a model whose input is token ids",
-                    set, key, t, vocab, m->input.h, m->input.w, m->input.c, m->classes);
+  if (!m->tokens) {
+    snprintf(f, sizeof f, "spec.%s.%s", set, key);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "the %s dataset is a token stream (%s, sequence_length %" PRIu32
+                      ", vocabulary %" PRIu32 "), but the model takes images of %" PRIu32
+                      "x%" PRIu32 "x%" PRIu32 " (model.input): a token dataset needs a model "
+                      "whose input is token ids (model.input { sequence_length })",
+                      set, key, t, vocab, m->input.h, m->input.w, m->input.c);
+  }
+  if (gs_model_check_tokens(m, set, t, vocab, e) < 0) {
+    gs_err_prefix(e, "spec");
+    return gs_err_rc(e);
+  }
+  *examples = want ? want : have;
+  *bytes = n * sizeof(uint16_t);
+  return 0;
 }
 
 /* Validate the datasets of a spec against its model (input shape, classes);
@@ -203,8 +213,14 @@ static int check_datasets(gs_daemon *d, const char *tenant, const Gpushare__V1__
       continue;
     }
     if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TEXT ||
-        ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TOKENS)
-      return stream_check(d, tenant, spec, k, names[k] + 5, m, e);
+        ds->source_case == GPUSHARE__V1__DATASET__SOURCE_TOKENS) {
+      uint64_t n = 0, bytes = 0;
+      if (stream_check(d, tenant, spec, k, names[k] + 5, m, &n, &bytes, e) < 0)
+        return gs_err_rc(e);
+      if (k == 0) train_examples = n;
+      *data_bytes += bytes;
+      continue;
+    }
     char ip[PATH_MAX], lp[PATH_MAX];
     if (gs_datasets_resolve_set(d, tenant, ds, names[k], ip, lp, sizeof ip, e) < 0) return gs_err_rc(e);
     if (ds->source_case == GPUSHARE__V1__DATASET__SOURCE_NPY) {

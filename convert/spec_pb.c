@@ -275,6 +275,14 @@ int gs_spec_pb_job(const Gpushare__V1__JobSpec *pb, gs_job_spec *out, gs_err *e)
   }
   dataset_in(pb->train, &out->train);
   dataset_in(pb->test, &out->test);
+  /* A text or token set is cut into the model's sequences unless it says
+   * otherwise (and then the runtime checks that the two agree). */
+  for (int k = 0; k < 2; k++) {
+    gs_spec_dataset *ds = k ? &out->test : &out->train;
+    if ((ds->source == GS_DATASET_TEXT || ds->source == GS_DATASET_TOKENS) &&
+        !ds->sequence_length && out->has_input)
+      ds->sequence_length = out->input.sequence_length;
+  }
   out->batch_size = pb->batch_size;
   out->accumulation_steps = pb->accumulation_steps;
   out->epochs = pb->epochs;

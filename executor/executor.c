@@ -915,12 +915,6 @@ static void *job_main(void *arg) {
     goto report;
   }
   j->data_bytes = set_bytes(&sets->train) + (sets->has_test ? set_bytes(&sets->test) : 0);
-  /* The training loop gathers images: a token set is refused by name. */
-  if (gs_dataset_check_images(&sets->train, "train", &e) ||
-      (sets->has_test && gs_dataset_check_images(&sets->test, "test", &e))) {
-    err_text(&e, reason, sizeof reason);
-    goto report;
-  }
   if (atomic_load(&j->stop)) goto report;
   {
     /* The planner's peak, reported beside the measured one. */

@@ -629,15 +629,6 @@ uint64_t gs_dataset_host_bytes(const gs_dataset *d) {
   return d->n * (gs_dataset_image_bytes(d) * px + sizeof(int32_t));
 }
 
-int gs_dataset_check_images(const gs_dataset *d, const char *which, gs_err *e) {
-  if (d->kind != GS_DATA_TOKENS) return 0;
-  return gs_err_set(e, GS_INVALID_ARGUMENT, which,
-                    "the %s dataset holds token sequences (sequence_length %u, vocabulary %u), "
-                    "but the job's model takes images (model.input): a token dataset needs a "
-                    "model whose input is token ids",
-                    which, d->seq_len, d->classes);
-}
-
 void gs_dataset_gather_tokens(const gs_dataset *d, const uint64_t *idx, uint32_t count,
                               int32_t *inputs, int32_t *targets) {
   const uint64_t t = d->seq_len;

@@ -172,10 +172,6 @@ void gs_dataset_gather_tokens(const gs_dataset *d, const uint64_t *idx, uint32_t
 /* Host bytes the set holds (images, labels, tokens). */
 uint64_t gs_dataset_host_bytes(const gs_dataset *d);
 
-/* 0 for an images set; for a token set, an error naming `which` ("train")
- * and saying that the job's model takes images, not token ids: what a
- * trainer of image models calls before it gathers. */
-int gs_dataset_check_images(const gs_dataset *d, const char *which, gs_err *e);
 
 /* Fills perm[0..n) with a permutation of 0..n-1: identity, then Fisher-Yates
  * with an unbiased bounded draw from a splitmix64 stream seeded from (seed,

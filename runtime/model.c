@@ -878,6 +878,12 @@ void gs_model_free(gs_model *m) {
 
 int gs_model_check_dataset(const gs_model *m, const char *which, uint32_t h, uint32_t w,
                            uint32_t c, uint32_t classes, gs_err *e) {
+  if (m->tokens)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, which,
+                      "the %s dataset holds images of %ux%ux%u, but the model takes token ids "
+                      "(model.input.sequence_length %u): give it a text or tokens dataset",
+                      which, h, w, c, m->input.w),
+           -EINVAL;
   if (h != m->input.h || w != m->input.w || c != m->input.c)
     return gs_err_set(e, GS_INVALID_ARGUMENT, "model.input",
                       "the %s dataset's examples are %ux%ux%u but the model's input is %ux%ux%u",
@@ -891,6 +897,47 @@ int gs_model_check_dataset(const gs_model *m, const char *which, uint32_t h, uin
                       "layer %s (layer[%u]) has %u units but the %s dataset has %u classes: "
                       "the last dense layer's units must equal the classes",
                       last->name, last->index, last->units, which, classes),
+           -EINVAL;
+  }
+  return 0;
+}
+
+int gs_model_check_tokens(const gs_model *m, const char *which, uint32_t seq_len,
+                          uint32_t vocab, gs_err *e) {
+  char f[96];
+  if (!m->tokens)
+    return gs_err_set(e, GS_INVALID_ARGUMENT, which,
+                      "the %s dataset holds token sequences (sequence_length %u, vocabulary %u), "
+                      "but the model takes images (model.input): a token dataset needs a model "
+                      "whose input is token ids (model.input { sequence_length })",
+                      which, seq_len, vocab),
+           -EINVAL;
+  if (seq_len != m->input.w) {
+    snprintf(f, sizeof f, "%s.sequence_length", which);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "the %s dataset is cut into sequences of %u tokens but the model's input "
+                      "is %u (model.input.sequence_length): leave %s.sequence_length unset, or "
+                      "make them equal",
+                      which, seq_len, m->input.w, which),
+           -EINVAL;
+  }
+  for (uint32_t i = 0; i < m->n_layers; i++) {
+    const gs_layer *l = &m->layers[i];
+    if (l->kind != GS_LAYER_EMBEDDING || l->vocab >= vocab) continue;
+    snprintf(f, sizeof f, "model.layer[%u].embedding.vocab_size", i);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "layer %s (layer[%u]) has vocab_size %u but the %s dataset's ids go up to "
+                      "%u: vocab_size must be at least the dataset's vocabulary",
+                      l->name, i, l->vocab, which, vocab - 1),
+           -EINVAL;
+  }
+  if (m->classes != vocab) {
+    const gs_layer *last = &m->layers[m->n_layers - 1];
+    snprintf(f, sizeof f, "model.layer[%u].dense.units", last->index);
+    return gs_err_set(e, GS_INVALID_ARGUMENT, f,
+                      "layer %s (layer[%u]) has %u units but the %s dataset's vocabulary is %u: "
+                      "the last dense layer predicts the next token, one unit per token id",
+                      last->name, last->index, last->units, which, vocab),
            -EINVAL;
   }
   return 0;

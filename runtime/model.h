@@ -187,6 +187,13 @@ void gs_model_free(gs_model *m);
 int gs_model_check_dataset(const gs_model *m, const char *which, uint32_t h, uint32_t w,
                            uint32_t c, uint32_t classes, gs_err *e);
 
+/* Check that a token dataset (sequences of seq_len ids below vocab) can feed
+ * the model: a token input of that sequence length, embeddings that cover
+ * the vocabulary, and a head of one unit per token id. Returns 0 or -EINVAL
+ * with e filled. */
+int gs_model_check_tokens(const gs_model *m, const char *which, uint32_t seq_len,
+                          uint32_t vocab, gs_err *e);
+
 /* Validate the scalar recipe alone (batch, accumulation, epochs, precision,
  * optimizer, loss scale) and resolve its defaults into *r; gs_model_build
  * calls it. An absent optimizer means Adam with its JobSpec defaults

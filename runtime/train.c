@@ -1114,6 +1114,16 @@ static void gather_part(void *ctx, size_t lo, size_t hi) {
 static int load_batch(gs_train *t, const gs_dataset *d, const uint64_t *idx, uint32_t n,
                       gs_err *e) {
   uint64_t per = gs_shape_elements(&t->model.input);
+  if (d->kind == GS_DATA_TOKENS) {
+    /* Token ids and next-token targets, int32, gathered on the host (a
+     * copy of 4 bytes per token: no pass worth splitting) straight into
+     * the batch buffer where it is host memory. */
+    int32_t *ids = t->b->host_memory ? (int32_t *)t->x : (int32_t *)t->h_img;
+    gs_dataset_gather_tokens(d, idx, n, ids, t->h_lab);
+    if ((void *)ids != t->x) OP(t->b->copy_in(t->ex, t->x, ids, (size_t)n * per * sizeof(int32_t)));
+    OP(t->b->copy_in(t->ex, t->labels, t->h_lab, (size_t)n * per * sizeof(int32_t)));
+    return 0;
+  }
   /* Where device buffers are host memory (backend.h: host_memory, the cpu
    * device) the pixels go straight into the batch buffer, without a staging
    * copy. And the gather runs on the exec's threads where the backend lends
@@ -1608,6 +1618,17 @@ out:
 
 /* ---------------------------------------------------------------- create --- */
 
+/* A dataset against the model: images of its input shape and classes, or
+ * token sequences of its length and vocabulary. A test set of images may
+ * lack the top classes (its classes are its max label + 1): its labels only
+ * need to be below the model's. */
+static int check_set(const gs_model *m, const char *which, const gs_dataset *d, bool test,
+                     gs_err *e) {
+  if (d->kind == GS_DATA_TOKENS) return gs_model_check_tokens(m, which, d->seq_len, d->classes, e);
+  uint32_t classes = test && d->classes <= m->classes ? m->classes : d->classes;
+  return gs_model_check_dataset(m, which, d->h, d->w, d->c, classes, e);
+}
+
 int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
                     const gs_dataset *train, const gs_dataset *test,
                     const gs_train_options *opt, gs_train **out, gs_train_failure *fail,
@@ -1663,17 +1684,8 @@ int gs_train_create(const gs_job_spec *spec, gs_backend *b, gs_alloc *a,
     rc = -EINVAL;
     goto fail;
   }
-  if ((rc = gs_model_check_dataset(&t->model, "train", train->h, train->w, train->c,
-                                   train->classes, e)))
-    goto fail;
-  /* A test set may lack the top classes (its classes are its max label + 1);
-   * its labels only need to be below the model's classes. */
-  if (test && (rc = gs_model_check_dataset(&t->model, "test", test->h, test->w, test->c,
-                                           test->classes <= t->model.classes
-                                               ? t->model.classes
-                                               : test->classes,
-                                           e)))
-    goto fail;
+  if ((rc = check_set(&t->model, "train", train, false, e))) goto fail;
+  if (test && (rc = check_set(&t->model, "test", test, true, e))) goto fail;
   uint64_t eff = (uint64_t)t->r.batch_size * t->r.accumulation_steps;
   t->steps_per_epoch = train->n / eff;
   if (t->steps_per_epoch == 0) {

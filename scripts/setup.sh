@@ -9,7 +9,8 @@ BUILD=${1:-build}
 shift || true
 
 PKGS=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-      clang dataset-fashion-mnist dpkg-dev libclang-rt-14-dev libcriterion-dev libopenblas-dev
+      clang dataset-fashion-mnist dpkg-dev fortunes libclang-rt-14-dev libcriterion-dev
+      libopenblas-dev
       libslurm-dev libsqlite3-dev lintian procps protobuf-compiler python3 python3-numpy
       python3-protobuf rsync sqlite3 systemd util-linux zlib1g-dev)
 # Callers add packages of their own that gpushare can do without:

@@ -108,4 +108,43 @@ train { text { path: \"$D/book.txt\" examples: 3 } sequence_length: 8 }
 test { text { path: \"$D/book.txt\" } sequence_length: 8 } batch_size: 1"
 expect_fail "a text job on an image model is refused" 1 "the model takes images of 8x8x1" A submit "$T/text.pb"
 
+# --- a language model on text, through the daemon -------------------------
+$PY - "$D/story.txt" <<'PY'
+import sys
+words = "the cat sat on the mat and the dog ran to the log by the big red sun".split()
+out, x = [], 7
+for i in range(3000):                # a deterministic stream of those words
+    x = (x * 1103515245 + 12345) % (1 << 31)
+    out.append(words[x % len(words)])
+open(sys.argv[1], "w").write(" ".join(out) + "\n")
+PY
+chmod 644 "$D/story.txt"
+GPT='model { input { sequence_length: 16 }
+  layer { name: "tok" embedding { vocab_size: 256 dim: 32 } }
+  layer { name: "pos" position_embedding {} }
+  layer { name: "ln" layer_norm {} }
+  layer { name: "attn" causal_self_attention { heads: 2 head_size: 16 } }
+  layer { name: "res" add {} inputs: "attn" inputs: "pos" }
+  layer { name: "ln_f" layer_norm {} }
+  layer { name: "head" dense { units: 256 } } }'
+job gpt "name: \"gpt\" vdev: \"a0\" $GPT
+train { text { path: \"$D/story.txt\" examples: 560 } }
+test { text { path: \"$D/story.txt\" } }
+batch_size: 16 epochs: 3 seed: 1 optimizer { adam { learning_rate: 0.01 } }"
+expect_ok "submit --watch a small GPT on a text file" A submit "$T/gpt.pb" --watch
+[[ "$LAST_OUT" == *SUCCEEDED* ]] && pass "the language model SUCCEEDED" || fail "watch: $(echo "$LAST_OUT" | tail -n 3)"
+id=$(A --json list | $PY -c "import json,sys; print([j['id'] for j in json.load(sys.stdin)['job'] if j['name'] == 'gpt'][-1])")
+loss=$(A --json status "$id" | json_field "['job']['epoch'][-1]['test_loss']")
+$PY -c "import sys; sys.exit(0 if float('$loss') < 2.5 else 1)" \
+  && pass "held-out loss $loss nats a byte, below 2.5 (a uniform guess: 5.55)" \
+  || fail "held-out loss $loss is not below 2.5"
+job gptlen "name: \"gpt\" vdev: \"a0\" $GPT
+train { text { path: \"$D/story.txt\" examples: 560 } sequence_length: 8 } batch_size: 16"
+expect_fail "a text set cut other than the model's sequence is refused" 1 \
+  "model.input.sequence_length" A submit "$T/gptlen.pb"
+job gptvocab "name: \"gpt\" vdev: \"a0\" ${GPT/units: 256/units: 128}
+train { text { path: \"$D/story.txt\" examples: 560 } } batch_size: 16"
+expect_fail "a head narrower than the vocabulary is refused" 1 \
+  "one unit per token id" A submit "$T/gptvocab.pb"
+
 finish

@@ -85,11 +85,6 @@ Test(tokens, text_is_a_token_per_byte_cut_into_examples) {
   }
   /* Example 2's last target is the 13th byte: no tail was dropped. */
   cr_assert_eq(tg[3], '!');
-  /* Today's trainers take images: a token set says so, by name. */
-  cr_assert_eq(gs_dataset_check_images(&d, "train", &e), -EINVAL);
-  cr_assert_str_eq(e.field, "train");
-  HAS(e.msg, "token sequences (sequence_length 4, vocabulary 256)");
-  HAS(e.msg, "the job's model takes images");
   gs_dataset_free(&d);
 }
 
