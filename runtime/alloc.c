@@ -595,7 +595,9 @@ int gs_alloc_malloc(gs_alloc *a, size_t bytes, const gs_alloc_tag *tag, void **o
    * limit was lowered may hold free reserved bytes past it). */
   if (need == 0 || need > a->cap || need > a->cap - a->in_use) goto fail;
   gs__tagent *t = gs__tag_intern(a, layer, role);
-  if (!t || gs__pool_ensure(a, 1) < 0) {
+  /* Two headers: a new region's free block (gs__grow) and the split's
+   * remainder below can both be taken by this one call. */
+  if (!t || gs__pool_ensure(a, 2) < 0) {
     cause = GS_OOM_PHYSICAL; /* the host has no memory for bookkeeping */
     goto fail;
   }

@@ -555,6 +555,26 @@ Test(alloc, growth_region_at_least_the_block_never_past_the_limit) {
   fake_fini();
 }
 
+/* One allocation can take two block headers from the allocator's pool: the
+ * new region's free block and the remainder of the split. Whatever the
+ * pool holds when a region must be added (k small blocks first, past a
+ * slab's 256 headers), the allocation that grows and splits succeeds. */
+Test(alloc, growth_and_split_in_one_call_at_any_pool_level) {
+  for (int k = 0; k < 600; k += 1) {
+    fake_init(SIZE_MAX);
+    gs_alloc *a = make(1024 * MiB, GS_POLICY_GROWTH);
+    void **p = calloc((size_t)k + 2, sizeof *p);
+    cr_assert(p);
+    for (int i = 0; i < k; i++) p[i] = must_alloc(a, 256); /* each splits the first region */
+    p[k] = must_alloc(a, 3 * MiB);                         /* a new region, then a split */
+    p[k + 1] = must_alloc(a, 256);
+    for (int i = 0; i < k + 2; i++) gs_alloc_free(a, p[i]);
+    free(p);
+    gs_alloc_destroy(a);
+    fake_fini();
+  }
+}
+
 Test(alloc, growth_releases_empty_regions_to_make_room) {
   fake_init(SIZE_MAX);
   gs_alloc *a = make(4 * MiB, GS_POLICY_GROWTH);
