@@ -83,6 +83,18 @@ static gs_job_spec with(const gs_job_spec *s, uint32_t micro, uint32_t accum, in
 static void synth_for(const gs_job_spec *s, uint64_t n, gs_dataset *d) {
   const gs_spec_input *in = &s->input;
   uint32_t classes = s->layers[s->n_layers - 1].units;
+  if (in->sequence_length) { /* a language model: n sequences of random bytes */
+    size_t len = (size_t)n * in->sequence_length + 1;
+    uint8_t *text = malloc(len);
+    cr_assert(text);
+    uint64_t st = 5;
+    for (size_t i = 0; i < len; i++) text[i] = (uint8_t)(32 + gs_rng_below(&st, 95));
+    cr_assert_eq(gs_dataset_load_tokens_mem_named(text, len, "text", GS_TOKENS_TEXT, 0,
+                                                  in->sequence_length, d, &e),
+                 0, "%s", e.msg);
+    free(text);
+    return;
+  }
   cr_assert_eq(gs_dataset_synthetic(n, in->height, in->width, in->channels, classes, 5, d, &e), 0,
                "%s", e.msg);
 }
@@ -197,6 +209,8 @@ static void example_case(const char *name, uint32_t micro2, uint32_t accum2) {
 Test(plan, mlp_within_5_percent) { example_case("fashion-mlp", 32, 4); }
 Test(plan, cnn_within_5_percent) { example_case("fashion-cnn", 16, 8); }
 Test(plan, mobilenet_within_5_percent) { example_case("fashion-mobilenet", 32, 4); }
+Test(plan, resnet_within_5_percent) { example_case("fashion-resnet", 32, 4); }
+Test(plan, gpt_within_5_percent) { example_case("text-gpt", 8, 4); }
 
 /* A layer graph: a residual block, a downsampling block with a 1x1
  * projection, a concat. Its gradients live in three slots, not two: the
