@@ -348,7 +348,8 @@ int gs_spec_pb_plan(const gs_plan *p, uint64_t limit, gs_alloc_policy policy,
   if (!m->row) goto fail;
   for (size_t i = 0; i < p->n_rows; i++) {
     const gs_plan_row *r = &p->rows[i];
-    if (!(m->row[i] = row_msg(r->layer, r->kind, r->output_shape, r->parameters, r->bytes)))
+    if (!(m->row[i] = row_msg(r->layer, r->kind, r->output_shape, r->parameters, r->bytes)) ||
+        (r->keeps[0] && !(m->row[i]->keeps = strdup(r->keeps))))
       goto fail;
     m->n_row++;
   }

@@ -132,6 +132,14 @@ char *gs_present_plan(const Gpushare__V1__Plan *p) {
     if (col[r]) gs_strbuf_printf(&s, " %*s", wb, sz(by_role[r], a));
   gs_strbuf_printf(&s, " %*s\n", wb, sz(p->peak_bytes, a));
   gs_strbuf_printf(&s, "%s\n", rule);
+  bool keeps = false;
+  for (size_t i = 0; i < n; i++) {
+    const Gpushare__V1__PlanRow *row = p->row[i];
+    if (!row->keeps || !row->keeps[0]) continue;
+    if (!keeps) gs_strbuf_printf(&s, "Kept for the backward pass besides the outputs (in activations):\n");
+    keeps = true;
+    gs_strbuf_printf(&s, "  %s: %s\n", str(row->layer), row->keeps);
+  }
   gs_strbuf_printf(&s,
             "Parameters: %s; micro-batch %u x %u accumulation step%s (effective batch %" PRIu64
             "), %s\n",

@@ -68,6 +68,25 @@ typedef struct plan_ctx {
   size_t cap; /* of p->blocks */
 } plan_ctx;
 
+/* "qkv (32, 64, 384) 1.50 MiB" appended to the row's keeps; attention's
+ * scores say what they grow with. */
+static void keeps_add(gs_plan_row *r, const gs_train_buffer *bf) {
+  char shape[96] = "(", b[32];
+  size_t o = 1;
+  for (uint32_t i = 0; i < bf->rank && o < sizeof shape; i++)
+    o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRIu64, i ? ", " : "", bf->shape[i]);
+  if (o < sizeof shape) snprintf(shape + o, sizeof shape - o, ")");
+  const char *dot = strchr(bf->tensor, '.');
+  const char *what = dot ? dot + 1 : bf->tensor;
+  size_t n = strlen(r->keeps);
+  snprintf(r->keeps + n, sizeof r->keeps - n, "%s%s %s %s %s%s", n ? ", " : "", what, shape,
+           gs_dtype_name(bf->dtype), sz(bf->block_bytes, b),
+           bf->layer && bf->layer->kind == GS_LAYER_CAUSAL_SELF_ATTENTION &&
+                   strcmp(what, "scores") == 0
+               ? " (heads x T x T: the square of the sequence length)"
+               : "");
+}
+
 static int plan_one(void *u, const gs_train_buffer *bf) {
   plan_ctx *c = u;
   if (c->p->n_blocks == c->cap) {
@@ -80,6 +99,7 @@ static int plan_one(void *u, const gs_train_buffer *bf) {
   c->p->blocks[c->p->n_blocks++] = bf->block_bytes;
   size_t row = bf->layer ? (size_t)(bf->layer - c->m->layers) : c->m->n_layers;
   c->p->rows[row].bytes[bf->role] += bf->block_bytes;
+  if (bf->slot == GS_TSLOT_SAVED) keeps_add(&c->p->rows[row], bf);
   c->p->by_role[bf->role] += bf->block_bytes;
   c->p->peak_bytes += bf->block_bytes;
   return 0;
@@ -331,6 +351,31 @@ int gs_plan_suggest_policy(const gs_job_spec *spec, const gs_backend *b,
        * suggestion, or the same one for less memory. */
       if (dm && (dm > d || (dm == d && peak < dpeak)) && peak < cur.peak_bytes)
         suggestion(&out[(*n)++], dm, (uint32_t)(eff / dm), mp, peak, cur.peak_bytes, true);
+    }
+  }
+  /* 3. A language model: the longest shorter sequence that fits as it
+   * stands (attention's scores shrink with its square). */
+  const uint32_t T = spec->input.sequence_length;
+  if (T > 1 && limit && *n < max) {
+    for (uint32_t t = T / 2; t >= 1; t /= 2) {
+      gs_job_spec v = *spec;
+      v.input.sequence_length = t;
+      gs_plan tp;
+      gs_err te;
+      gs_err_clear(&te);
+      if (gs_plan_job(&v, b, &tp, &te) != 0) break;
+      bool fits = gs_plan_fits(&tp, limit, pol);
+      uint64_t pk = tp.peak_bytes;
+      gs_plan_free(&tp);
+      if (!fits) continue;
+      gs_plan_suggestion *sg = &out[(*n)++];
+      suggestion(sg, cur.micro_batch, cur.accumulation_steps, cur.precision, pk, cur.peak_bytes,
+                 false);
+      sg->sequence_length = t;
+      char tail[sizeof sg->what];
+      snprintf(tail, sizeof tail, "%s", sg->what);
+      snprintf(sg->what, sizeof sg->what, "sequence_length %u (from %u) at %s", t, T, tail);
+      break;
     }
   }
   gs_plan_free(&cur);

@@ -31,6 +31,8 @@ typedef struct gs_plan_row {
   char output_shape[64];  /* "(128, 14, 14, 32)" with the micro-batch */
   uint64_t parameters;
   uint64_t bytes[GS_ROLE_COUNT]; /* by gs_role, after allocator rounding */
+  char keeps[320];        /* what the layer keeps for its backward besides its output,
+                             "mean (16) fp32 256 B, ..." ("" when nothing) */
 } gs_plan_row;
 
 typedef struct gs_plan {
@@ -63,6 +65,7 @@ typedef struct gs_plan_suggestion {
   uint32_t micro_batch;
   uint32_t accumulation_steps;
   gs_precision precision;
+  uint32_t sequence_length;     /* a language model's shorter input; 0: unchanged */
   uint64_t predicted_peak_bytes;
   uint64_t saving_bytes;
 } gs_plan_suggestion;

@@ -33,7 +33,7 @@ job long "name: \"long\" $LONG_JOB"
 expect_fail "plan of a job over the tenant's only vdev exits 3" 3 "does NOT fit" A plan "$T/big.pb"
 [[ "$LAST_OUT" == *"vdev: a0 (your tenant's only vdev)"* ]] && pass "plan names the vdev it chose" ||
   fail "plan did not name a0: $LAST_OUT"
-[[ "$LAST_OUT" == *"peak: "*" of vdev a0's "*" limit: does NOT fit"* && "$LAST_OUT" == *"what fits: micro-batch 64 x 16"* ]] &&
+[[ "$LAST_OUT" == *"peak: "*" of vdev a0's "*" limit: does NOT fit"* && "$LAST_OUT" == *"what fits: micro-batch 128 x 8"* ]] &&
   pass "it still prints the plan and what fits" || fail "plan output: $LAST_OUT"
 [[ "$LAST_OUT" == *"micro-batch 1024 x 1 accumulation step"$'\n'* && "$LAST_OUT" != *"x 1 accumulation steps"* ]] &&
   pass "one accumulation step, in the singular" || fail "plural: $LAST_OUT"
