@@ -12,8 +12,8 @@
  * Reductions over rows (batchnorm's statistics and both norms' gamma/beta
  * gradients) cut the M rows into norm_chunks(M) chunks, a number fixed by
  * M alone; each chunk sums its rows in order into double partials in the
- * workspace (one chunk per part of the exec's range), and the caller adds
- * the chunks' partials in chunk order. So the sums have the same bits for
+ * workspace (the chunks are the items that the exec's threads share out),
+ * and the caller adds the chunks' partials in chunk order. So the sums have the same bits for
  * any thread count, and stay accurate over a 100,000-row batch (128 images
  * of 28x28). The statistics take two passes, the mean first, then the
  * squares of x - mean, rather than sum(x^2) - mean^2, which cancels.
