@@ -96,7 +96,8 @@ tests_rc=$?
 
 if command -v compute-sanitizer >/dev/null; then
   stage "compute-sanitizer memcheck (layer ops)"
-  ours timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/bin/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast
+  ours timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$build/bin/gpu_tests" dense conv2d depthwise maxpool gap relu xent cast \
+    add batchnorm layernorm gelu dropout avgpool
   san_rc=$?
   case $san_rc in
     0) echo "memcheck: clean" ;;
