@@ -830,7 +830,7 @@ class Loader:
             tok, n, t = self.stream("train", tr)
             a = getattr(tr, ts).examples
             b = getattr(te, ts).examples or n - a
-            if not a or a + b > n:
+            if not a or a >= n or a + b > n:
                 raise SystemExit(f"train.{ts}.examples {a} and test.{ts}.examples {b}: the file "
                                  f"holds {n} examples")
             return self.examples(tok, t, 0, a), self.examples(tok, t, a, b)

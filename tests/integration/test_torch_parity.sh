@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cpu backend against PyTorch: gpushare-run and tests/bench/torch_ref.py
-# (Debian's python3-torch) train each Fashion-MNIST example from the same
+# (Debian's python3-torch; the model built from the job spec by
+# tests/bench/gs_torch.py) train each Fashion-MNIST example from the same
 # start, the same Glorot-uniform weights drawn from the spec's seed and the
 # same data order (torch_ref.py --start gpushare), so whatever differs is
 # arithmetic: the mean training loss of the first steps agrees to 1e-4
@@ -8,8 +9,13 @@
 # them. Where gpushare's init, data order, forward, backward, loss, Adam or
 # learning-rate schedule parted from PyTorch's, the losses would part at the
 # first or second step by far more; a PyTorch run from its own draw
-# (--start torch) shows the size of that gap. Skips where PyTorch is not
-# installed (scripts/test.sh installs it).
+# (--start torch) shows the size of that gap.
+# Then the trained model: gpushare-run trains each example a few hundred
+# steps and exports its weights (--export), PyTorch loads them
+# (torch_ref.py --load) and evaluates the test set, within 0.5 points of
+# gpushare's accuracy and 1% of its loss. And a layer graph: a residual CNN
+# with add and concat (written below) from the same start in FLOAT32.
+# Skips where PyTorch is not installed (scripts/test.sh installs it).
 # Arguments: $1 gpushared $2 gpuctl (unused: gpushare-run needs no daemon).
 set -u
 BUILD=${GS_BUILD_DIR:-$(cd "$(dirname "$0")/../../build" && pwd)}
@@ -27,6 +33,8 @@ fail() { FAILED=$((FAILED + 1)); echo "FAIL - $*"; }
   { echo "skip: Fashion-MNIST is not installed ($DATA; apt-get install dataset-fashion-mnist)"; exit 77; }
 "$PY" -c 'import torch, numpy' 2>/dev/null ||
   { echo "skip: PyTorch is not installed (apt-get install python3-torch): gpushare's parity with it is not checked"; exit 77; }
+"$PY" -c 'import google.protobuf' 2>/dev/null ||
+  { echo "skip: python3-protobuf is not installed: torch_ref.py cannot read a job spec"; exit 77; }
 T=$(mktemp -d /tmp/gs-torch-parity-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
@@ -57,6 +65,21 @@ parity() {
   done
 }
 
+# The twin's layers against their definitions in float64 (normalisation,
+# mean pooling, GELU, embeddings and attention among them), each check of
+# torch_twin_check.py a line here.
+"$PY" "$SRC/tests/integration/torch_twin_check.py" "$T" >"$T/twin" 2>&1
+rc=$?
+while IFS= read -r line; do
+  case $line in
+    "ok - "*) pass "twin: ${line#ok - }" ;;
+    "FAIL - "*) fail "twin: ${line#FAIL - }" ;;
+  esac
+done <"$T/twin"
+if [ $rc != 0 ] || ! grep -q '^0 failed$' "$T/twin"; then
+  fail "torch_twin_check.py exited $rc: $(tail -n 3 "$T/twin")"
+fi
+
 parity mlp 1
 parity mlp 60
 parity cnn 3
@@ -70,6 +93,98 @@ parity mobilenet 3
 a=$(last "$T/gs.one" train_loss) b=$(last "$T/pt.own" train_loss)
 if close "$a" "$b" 1e-4; then fail "mlp from PyTorch's own start: loss $b matches gpushare's $a: the check above cannot tell starts apart"
 else pass "mlp from PyTorch's own start: loss $b against gpushare's $a (outside 1e-4)"; fi
+
+# trained MODEL STEPS: gpushare-run trains STEPS steps and exports; PyTorch
+# loads the weights and evaluates the test set: the same accuracy within 0.5
+# points and the same loss within 1%. What differs is only the arithmetic
+# of one evaluation, so a tensor loaded in the wrong layout, under the wrong
+# name or into the wrong layer would cost tens of points.
+trained() {
+  local m=$1 steps=$2 k a b
+  "$RUN" "$BUILD/examples/fashion-$m.pb" --json --max-steps "$steps" --threads 2 \
+    --export "$T/$m.safetensors" >"$T/gs.t.$m" 2>"$T/gs.t.$m.err" ||
+    { fail "$m: gpushare-run --export failed: $(tail -n 3 "$T/gs.t.$m.err")"; return; }
+  "$PY" "$SRC/tests/bench/torch_ref.py" "$m" --load "$T/$m.safetensors" --threads 2 \
+    >"$T/pt.t.$m" 2>"$T/pt.t.$m.err" ||
+    { fail "$m: torch_ref.py --load failed: $(tail -n 3 "$T/pt.t.$m.err")"; return; }
+  for k in test_accuracy test_loss; do
+    a=$(last "$T/gs.t.$m" $k) b=$(last "$T/pt.t.$m" $k)
+    local tol=0.01
+    [ $k = test_accuracy ] && tol=0.005abs
+    if close "$a" "$b" $tol; then pass "$m trained $steps steps, loaded in PyTorch: $k $a (gpushare) against $b"
+    else fail "$m trained $steps steps, loaded in PyTorch: $k $a (gpushare) against $b, allowed $tol"; fi
+  done
+}
+
+trained mlp 300
+trained cnn 100
+trained mobilenet 200
+
+# The loader names what does not fit: the CNN's weights are no MLP's (both
+# have a dense_1, of other shapes).
+if [ -f "$T/cnn.safetensors" ]; then
+  if "$PY" "$SRC/tests/bench/torch_ref.py" mlp --load "$T/cnn.safetensors" >"$T/pt.bad" 2>&1; then
+    fail "the MLP loaded the CNN's weights without an error"
+  elif grep -q "tensor dense_1.kernel is \[3136, 1024\]; the model's is \[784, 256\]" "$T/pt.bad"; then
+    pass "the MLP refuses the CNN's weights: $(tail -n 1 "$T/pt.bad")"
+  else fail "the MLP refused the CNN's weights, but not naming dense_1.kernel and both shapes: $(tail -n 1 "$T/pt.bad")"; fi
+fi
+
+# A layer graph: a residual block (add), a depthwise branch and a 1x1 branch
+# joined along the channels (concat), a flatten and a global average pool
+# of one output joined again (a flat concat). From the same start in
+# FLOAT32, the first step's loss and the test loss after it agree to 1e-5
+# relative and the mean loss of 5 steps to 1e-6 (a wrong gradient through
+# any branch would part them at the second step). Over 50 steps Adam lifts
+# the rounding differences (its update divides a gradient by its own
+# magnitude, so even one near 0 moves its weight a full step): the mean
+# training loss agrees to 1e-4, the test loss to 2e-3 and the accuracy to
+# half a point.
+cat >"$T/graph.txtpb" <<EOF
+name: "residual-cnn"
+model {
+  input { height: 28 width: 28 channels: 1 }
+  layer { name: "stem" conv2d { filters: 8 kernel_size: 3 stride: 2 padding: SAME activation: RELU } }
+  layer { name: "a" conv2d { filters: 8 kernel_size: 3 padding: SAME activation: RELU } }
+  layer { name: "b" conv2d { filters: 8 kernel_size: 3 padding: SAME } }
+  layer { name: "res" add { activation: RELU } inputs: "b" inputs: "stem" }
+  layer { name: "dw" depthwise_conv2d { kernel_size: 3 padding: SAME activation: RELU } }
+  layer { name: "pw" conv2d { filters: 8 kernel_size: 1 activation: RELU } inputs: "stem" }
+  layer { name: "cat" concat {} inputs: "res" inputs: "dw" inputs: "pw" }
+  layer { name: "pool" max_pool2d { pool_size: 2 } }
+  layer { name: "flat" flatten {} }
+  layer { name: "gap" global_average_pooling2d {} inputs: "pool" }
+  layer { name: "feat" concat {} inputs: "flat" inputs: "gap" }
+  layer { name: "hidden" dense { units: 32 activation: RELU } }
+  layer { name: "logits" dense { units: 10 } }
+}
+train { idx { images: "$DATA/train-images-idx3-ubyte.gz" labels: "$DATA/train-labels-idx1-ubyte.gz" } }
+test { idx { images: "$DATA/t10k-images-idx3-ubyte.gz" labels: "$DATA/t10k-labels-idx1-ubyte.gz" } }
+batch_size: 64
+seed: 5
+precision: FLOAT32
+optimizer { adam { learning_rate: 0.002 } }
+EOF
+protoc --encode=gpushare.v1.JobSpec --proto_path="$SRC/proto" gpushare.proto \
+  <"$T/graph.txtpb" >"$T/graph.pb" || fail "protoc could not encode the graph spec"
+# graph STEPS KEY=TOL...: both sides for STEPS steps, each KEY compared within TOL
+graph() {
+  local steps=$1 kt k a b tol
+  shift
+  "$RUN" "$T/graph.pb" --json --max-steps "$steps" --threads 1 >"$T/gs.g" 2>"$T/gs.g.err" ||
+    { fail "graph: gpushare-run failed: $(tail -n 3 "$T/gs.g.err")"; return; }
+  "$PY" "$SRC/tests/bench/torch_ref.py" --spec "$T/graph.txtpb" --max-steps "$steps" --threads 1 \
+    >"$T/pt.g" 2>"$T/pt.g.err" || { fail "graph: torch_ref.py failed: $(tail -n 3 "$T/pt.g.err")"; return; }
+  for kt in "$@"; do
+    k=${kt%=*} tol=${kt#*=}
+    a=$(last "$T/gs.g" "$k") b=$(last "$T/pt.g" "$k")
+    if close "$a" "$b" "$tol"; then pass "residual CNN, $steps steps: $k $a (gpushare) against $b (PyTorch)"
+    else fail "residual CNN, $steps steps: $k $a (gpushare) against $b (PyTorch), allowed $tol"; fi
+  done
+}
+graph 1 train_loss=1e-5 test_loss=1e-5 test_accuracy=0.001abs
+graph 5 train_loss=1e-6
+graph 50 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
 
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ]
