@@ -815,6 +815,8 @@ class Loader:
                 raise SystemExit(f"{which}.{src}.examples: {count}, but the file holds {n} examples of "
                                  f"sequence_length {t}")
             return self.examples(tok, t, 0, count)
+        if src is None:
+            raise SystemExit(f"{which}: the job has no {which} dataset")
         raise SystemExit(f"{which}: the dataset source {src} cannot be read here")
 
     def load(self):
