@@ -28,6 +28,7 @@ import gzip
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -58,7 +59,11 @@ def pb2():
             raise SystemExit(f"gs_torch: protoc could not generate gpushare_pb2 ({ex}): "
                              "apt-get install protobuf-compiler")
         sys.path.insert(0, out)
-        import gpushare_pb2  # noqa: E402
+        try:
+            import gpushare_pb2  # noqa: E402
+        finally:
+            sys.path.remove(out)
+            shutil.rmtree(out, ignore_errors=True)  # loaded: the file is no longer needed
         _PB2 = gpushare_pb2
     return _PB2
 
