@@ -786,9 +786,11 @@ class Loader:
     def stream(self, which, d):
         src = d.WhichOneof("source")
         m = getattr(d, src)
-        t = d.sequence_length
+        # gpushare cuts the set into the model's sequences unless it says
+        # otherwise.
+        t = d.sequence_length or self.spec.model.input.sequence_length
         if not t:
-            raise SystemExit(f"{which}.sequence_length is 0; a {src} dataset needs T >= 1")
+            raise SystemExit(f"{which}.sequence_length is 0 and the model takes no tokens")
         raw = open(self.path(which, src + ".path", m.path), "rb").read()
         tok = np.frombuffer(raw, dtype=np.uint8 if src == "text" else "<u2").astype(np.int64)
         n = (tok.size - 1) // t
