@@ -6,9 +6,10 @@
  * and see no runtime type: what comes back is a gpushare.v1.Plan built in
  * the request's arena, or the plain figures of gs_admit.
  *
- * Plans are made with the device's backend as the executor would see it
- * (the CPU's sizes: the control plane never touches a device), and a vdev's
- * fit is judged with its allocator policy.
+ * Plans are made with the sizes of the vdev's device's backend as the
+ * executor will run it (gs_admit_backend: the cpu backend, or the CUDA
+ * plugin's size queries compiled into the core, since the control plane
+ * never loads CUDA), and a vdev's fit is judged with its allocator policy.
  */
 #include "control/admit.h"
 
@@ -21,6 +22,7 @@
 #include "common/size.h"
 #include "control/datasets.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_plan.h"
 #include "present/present.h"
 #include "runtime/idx.h"
 #include "runtime/model.h"
@@ -31,7 +33,19 @@
 
 /* ------------------------------------------------------------- submit --- */
 
-static const gs_backend *device_backend(void) { return gs_backend_cpu(); }
+const gs_backend *gs_admit_backend(const gs_devices *ds, const char *device) {
+  const gs_device *dev = ds && device ? gs_devices_find(ds, device) : NULL;
+  if (!dev || strcmp(dev->kind, "cuda")) return gs_backend_cpu();
+  /* The plugin sizes cuBLASLt's workspace by the newest GPU it sees
+   * (cuda_backend.cu), the same set --list-devices reported. */
+  int newest = 0;
+  for (size_t i = 0; i < ds->n; i++)
+    if (!strcmp(ds->dev[i].kind, "cuda")) {
+      int major = atoi(ds->dev[i].compute_capability);
+      if (major > newest) newest = major;
+    }
+  return gs_backend_cuda_sizes(newest);
+}
 
 /* What an IDX blob of the store declares (runtime/idx.c, as the loader will
  * read it): its header and, for labels, the number of classes (the largest
@@ -329,7 +343,8 @@ int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *s
   gs_job_spec js;
   gs_plan p;
   int rc = gs_spec_pb_job(spec, &js, e);
-  if (!rc) rc = gs_plan_job(&js, device_backend(), &p, e);
+  if (!rc)
+    rc = gs_plan_job(&js, gs_admit_backend(&d->devices, vdev ? vdev->device : "cpu"), &p, e);
   gs_spec_pb_job_free(&js);
   if (rc < 0) {
     gs_err_prefix(e, "spec");
@@ -377,7 +392,8 @@ int gs_admit_plan(gs_daemon *d, gs_call_arena *a, const Gpushare__V1__JobSpec *s
     gs_admit adm;
     gs_err quiet;
     gs_err_clear(&quiet);
-    if (gs_admit_job(a, &sp, vdev, data_bytes, &adm, &quiet) == 0 && !adm.fits && adm.why[0]) {
+    if (gs_admit_job(&d->devices, a, &sp, vdev, data_bytes, &adm, &quiet) == 0 && !adm.fits &&
+        adm.why[0]) {
       Gpushare__V1__Plan *m = *out;
       size_t n = strlen(m->summary ? m->summary : "") + strlen(adm.why) + 32;
       char *sum = gs_call_alloc(a, n);
@@ -405,8 +421,8 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
   return rc;
 }
 
-int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
-                 uint64_t data_bytes, gs_admit *out, gs_err *e) {
+int gs_admit_job(const gs_devices *ds, gs_call_arena *a, const Gpushare__V1__JobSpec *spec,
+                 const gs_vdev *v, uint64_t data_bytes, gs_admit *out, gs_err *e) {
   memset(out, 0, sizeof *out);
   gs_admission adm;
   bool auto_fit = spec->has_auto_fit && spec->auto_fit;
@@ -430,7 +446,8 @@ int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_v
   gs_job_spec js;
   int rc = gs_spec_pb_job(spec, &js, e);
   if (!rc)
-    rc = gs_plan_admit_policy(&js, device_backend(), limit, vdev_policy(v), auto_fit, &adm, e);
+    rc = gs_plan_admit_policy(&js, gs_admit_backend(ds, v->device), limit, vdev_policy(v),
+                              auto_fit, &adm, e);
   gs_spec_pb_job_free(&js);
   if (rc < 0) {
     gs_err_prefix(e, "spec");
@@ -456,21 +473,22 @@ int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_v
 }
 
 /* Admission of spec run with micro-batch m and accumulation acc, auto-fit off. */
-static int admit_at(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t data_bytes,
-                    uint32_t m, uint32_t acc, gs_admit *out, gs_err *e) {
+static int admit_at(const gs_devices *ds, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
+                    uint64_t data_bytes, uint32_t m, uint32_t acc, gs_admit *out, gs_err *e) {
   Gpushare__V1__JobSpec sp = *spec;
   sp.has_batch_size = sp.has_accumulation_steps = sp.has_auto_fit = 1;
   sp.batch_size = m;
   sp.accumulation_steps = acc;
   sp.auto_fit = 0;
   gs_call_arena a = {0};
-  int rc = gs_admit_job(&a, &sp, v, data_bytes, out, e);
+  int rc = gs_admit_job(ds, &a, &sp, v, data_bytes, out, e);
   out->plan = NULL; /* lived in the arena */
   gs_call_arena_free(&a);
   return rc;
 }
 
-int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t limit,
+int gs_admit_replan(const gs_devices *ds, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
+                    uint64_t limit,
                     uint64_t data_bytes, uint32_t micro, uint32_t accum, bool below,
                     gs_admit *out, gs_err *e) {
   memset(out, 0, sizeof *out);
@@ -479,7 +497,7 @@ int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_
   at.memory_limit = limit;
   for (uint32_t m = below ? micro - 1 : micro; m >= 1 && m <= micro; m--) {
     if (eff % m || eff / m > UINT32_MAX) continue;
-    int rc = admit_at(spec, &at, data_bytes, m, (uint32_t)(eff / m), out, e);
+    int rc = admit_at(ds, spec, &at, data_bytes, m, (uint32_t)(eff / m), out, e);
     if (rc < 0) return rc;
     if (out->fits) {
       out->chosen = m != micro;
@@ -490,18 +508,19 @@ int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_
   return 0;
 }
 
-int gs_admit_least_peak(const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
+int gs_admit_least_peak(const gs_devices *ds, const char *device,
+                        const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
                         uint64_t *peak, gs_err *e) {
   uint64_t eff = (uint64_t)micro * accum;
   if (eff > UINT32_MAX) eff = UINT32_MAX;
   gs_vdev v;
   memset(&v, 0, sizeof v);
   snprintf(v.name, sizeof v.name, "%s", "plan");
-  snprintf(v.device, sizeof v.device, "%s", "cpu");
+  snprintf(v.device, sizeof v.device, "%s", device);
   v.memory_limit = UINT64_MAX / 2;
   v.policy = 1; /* GROWTH */
   gs_admit out;
-  int rc = admit_at(spec, &v, 0, 1, (uint32_t)eff, &out, e);
+  int rc = admit_at(ds, spec, &v, 0, 1, (uint32_t)eff, &out, e);
   *peak = out.peak_bytes;
   return rc;
 }

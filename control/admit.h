@@ -13,6 +13,7 @@
 #include "control/call.h"
 #include "control/daemon.h"
 #include "control/store.h"
+#include "kernels/backend.h"
 #include "proto/gpushare.pb-c.h"
 
 /* What admission decided for a job in a vdev. */
@@ -42,21 +43,30 @@ int gs_admit_check(gs_daemon *d, const char *tenant, const Gpushare__V1__JobSpec
  * plan must fit in what they leave of the limit; on a GPU they must fit a
  * host budget the size of the limit. 0 with out filled (out->fits false:
  * refused, out->why says why), or -1 with e. */
-int gs_admit_job(gs_call_arena *a, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
-                 uint64_t data_bytes, gs_admit *out, gs_err *e);
+int gs_admit_job(const gs_devices *ds, gs_call_arena *a, const Gpushare__V1__JobSpec *spec,
+                 const gs_vdev *v, uint64_t data_bytes, gs_admit *out, gs_err *e);
 /* A new micro-batch for a job that runs with micro x accum: the largest
  * micro-batch that divides the effective batch (micro x accum, which it
  * keeps), is at most micro (below it when `below`), and whose plan fits
  * `limit` bytes of v (v's policy and device; data_bytes of the job's
  * datasets as gs_admit_job counts them). 0 with out filled (out->fits
  * false when none fits; out->plan is NULL), or a negative errno with e. */
-int gs_admit_replan(const Gpushare__V1__JobSpec *spec, const gs_vdev *v, uint64_t limit,
+int gs_admit_replan(const gs_devices *ds, const Gpushare__V1__JobSpec *spec, const gs_vdev *v,
+                    uint64_t limit,
                     uint64_t data_bytes, uint32_t micro, uint32_t accum, bool below,
                     gs_admit *out, gs_err *e);
-/* The planned peak of spec run with micro-batch 1 (accumulation raised to
- * keep its effective batch micro x accum): the least it can hold. */
-int gs_admit_least_peak(const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
+/* The planned peak of spec run on `device` with micro-batch 1
+ * (accumulation raised to keep its effective batch micro x accum): the
+ * least it can hold. */
+int gs_admit_least_peak(const gs_devices *ds, const char *device,
+                        const Gpushare__V1__JobSpec *spec, uint32_t micro, uint32_t accum,
                         uint64_t *peak, gs_err *e);
+/* The backend whose sizes plan a job on the device named `device` of ds:
+ * the cpu backend for `cpu` (or a name ds does not hold), and for a GPU the
+ * CUDA plugin's size queries (kernels/cuda_sizes.h) with the cuBLASLt
+ * workspace the plugin picks for the newest GPU of ds, so that the plan is
+ * what the executor's allocator will measure there. No CUDA is loaded. */
+const gs_backend *gs_admit_backend(const gs_devices *ds, const char *device);
 /* Is the file at path an IDX file gpushare can train on? 0, or -1 with e
  * set: INVALID_ARGUMENT, field "data", naming the dataset and what is wrong. */
 int gs_admit_idx_check(const char *path, const char *name, gs_err *e);

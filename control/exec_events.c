@@ -411,7 +411,7 @@ int gs_exec_events_least_memory(gs_daemon *d, const gs_vdev *v, uint64_t *least,
     gs_job *j = J->by_id[i];
     if (!runs_in(j, v->name)) continue;
     uint64_t peak;
-    if (gs_admit_least_peak(j->rec->spec, j->rec->micro_batch, j->rec->accumulation_steps, &peak,
+    if (gs_admit_least_peak(&d->devices, v->device, j->rec->spec, j->rec->micro_batch, j->rec->accumulation_steps, &peak,
                             e) < 0)
       return gs_err_rc(e);
     *least += peak + (in_memory ? j->rec->data_bytes : 0);
@@ -486,7 +486,7 @@ void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev
         memset(&a, 0, sizeof a);
         uint64_t data = sv.data_in_memory ? r->data_bytes : 0;
         if (r->spec->has_auto_fit && r->spec->auto_fit &&
-            gs_admit_replan(r->spec, nv, room, r->data_bytes, r->micro_batch,
+            gs_admit_replan(&d->devices, r->spec, nv, room, r->data_bytes, r->micro_batch,
                             r->accumulation_steps, false, &a, &e) == 0 &&
             a.fits) {
           j->replan_micro = a.micro_batch;
@@ -540,7 +540,7 @@ void gs_exec_events_vdev_resized(gs_daemon *d, const gs_vdev *old, const gs_vdev
       continue;
     gs_admit a;
     if (r->spec->has_auto_fit && r->spec->auto_fit &&
-        gs_admit_replan(r->spec, nv, nv->memory_limit, r->data_bytes, r->micro_batch,
+        gs_admit_replan(&d->devices, r->spec, nv, nv->memory_limit, r->data_bytes, r->micro_batch,
                         r->accumulation_steps, false, &a, &e) == 0 &&
         a.fits) {
       action_add(actions, n_actions,
@@ -676,7 +676,7 @@ static bool oom_comeback(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Fini
     gs_vdev v;
     gs_admit a;
     if (gs_store_vdev_get(d->store, r->vdev, &v, &e) < 0 ||
-        gs_admit_replan(sp, &v, v.memory_limit, r->data_bytes, r->micro_batch,
+        gs_admit_replan(&d->devices, sp, &v, v.memory_limit, r->data_bytes, r->micro_batch,
                         r->accumulation_steps, true, &a, &e) < 0 ||
         !a.fits)
       return false;

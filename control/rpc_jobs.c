@@ -243,7 +243,7 @@ int gs_rpc_submit(gs_call *c, const Gpushare__V1__Request *rq, gs_err *e) {
                       tenant, queued, queued == 1 ? "" : "s");
 
   gs_admit adm;
-  if (gs_admit_job(&c->ar, spec, &v, data_bytes, &adm, e) < 0) return gs_err_rc(e);
+  if (gs_admit_job(&c->d->devices, &c->ar, spec, &v, data_bytes, &adm, e) < 0) return gs_err_rc(e);
   if (!adm.fits) {
     c->resp->plan = adm.plan;
     return gs_err_set(e, GS_RESOURCE_EXHAUSTED, "spec.batch_size", "%s", adm.why);

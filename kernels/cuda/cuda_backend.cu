@@ -336,15 +336,16 @@ GS_CUDA_EXPORT gs_backend *gs_cuda_backend_open(char *why, size_t why_len) {
     say(why, why_len, "no CUDA device: %s%s", "the driver reports 0 GPUs", "");
     return NULL;
   }
-  size_t ws = (size_t)4 << 20;
+  int newest = 0;
   for (int i = 0; i < count; i++) {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) != cudaSuccess)
       (void)cudaGetLastError();
-    else if (major >= 9)
-      ws = (size_t)32 << 20;
+    else if (major > newest)
+      newest = major;
   }
-  gs_cuda_lt_workspace = ws;
+  /* the rule the control plane plans with (cuda_sizes.h) */
+  gs_cuda_lt_workspace = gs_cuda_lt_workspace_for(newest);
   return &cuda_backend;
 }
 

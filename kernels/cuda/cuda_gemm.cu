@@ -53,9 +53,6 @@
 
 #include "kernels/cuda/cuda_internal.h"
 
-/* Upper bound on one chunk of im2col rows, counted as fp32 (dcol). */
-#define GS_CUDA_COL_BYTES ((size_t)64 << 20)
-
 static cudaDataType_t lt_type(gs_dtype dt) {
   return dt == GS_F16 ? CUDA_R_16F : dt == GS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
@@ -321,11 +318,7 @@ static int gemm_rm(gs_exec *ex, bool ta, bool tb, uint64_t M, uint64_t N, uint64
 /* ---- dense ---- */
 
 size_t gs_cuda_dense_workspace(gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
-  (void)dt;
-  (void)n;
-  (void)c;
-  (void)oc;
-  return gs_cuda_lt_workspace;
+  return gs_cuda_size_dense(gs_cuda_lt_workspace, dt, n, c, oc);
 }
 
 /* in (N, C), w (C, OC), b (OC) or NULL, out (N, OC); all dt. relu: the relu
@@ -380,21 +373,12 @@ static conv_geo conv_geo_of(const gs_conv_shape *s) {
   g.k = (uint64_t)s->kh * s->kw * s->c;
   g.f = s->f;
   g.pointwise = s->kh == 1 && s->kw == 1 && s->stride == 1;
-  uint64_t per = 4 * g.p * g.k;
-  uint64_t ipc = per ? GS_CUDA_COL_BYTES / per : s->n;
-  if (ipc < 1)
-    ipc = 1;
-  g.ipc = (uint32_t)(ipc < s->n ? ipc : s->n);
+  g.ipc = gs_cuda_conv_chunk_images(s);
   return g;
 }
 
 size_t gs_cuda_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
-  (void)dt;
-  conv_geo g = conv_geo_of(s);
-  if (s->n == 0 || g.p == 0)
-    return gs_cuda_lt_workspace;
-  size_t col = g.pointwise ? 0 : (size_t)4 * g.ipc * g.p * g.k;
-  return gs_cuda_lt_workspace + col;
+  return gs_cuda_size_conv2d(gs_cuda_lt_workspace, dt, s);
 }
 
 /* in (N, H, W, C), w (KH, KW, C, F), b (F) or NULL, out (N, OH, OW, F);

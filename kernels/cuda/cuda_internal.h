@@ -25,6 +25,7 @@
  * helpers it declares are dtype.c's C symbols. */
 extern "C" {
 #include "kernels/backend.h"
+#include "kernels/cuda_sizes.h"
 }
 
 /* Entries of an exec's matmul plan cache (open addressing, power of two). */

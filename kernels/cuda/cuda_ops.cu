@@ -234,9 +234,7 @@ int gs_cuda_col2im(gs_exec *ex, gs_dtype dt, const gs_conv_shape *s, const float
 /* ---- depthwise conv2d ---- */
 
 size_t gs_cuda_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s) {
-  (void)dt;
-  (void)s;
-  return 0; /* weights are converted as they are read */
+  return gs_cuda_size_depthwise(gs_cuda_lt_workspace, dt, s);
 }
 
 template <int D>

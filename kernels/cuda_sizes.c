@@ -1,0 +1,49 @@
+/*
+ * cuda_sizes.c: the `cuda` backend's workspace sizes (see cuda_sizes.h).
+ *
+ * dense: cuBLASLt's workspace, whatever the shape (the bias gradient's
+ * partial column sums reuse it before the GEMMs do). conv2d: cuBLASLt's,
+ * then the im2col buffer of one chunk of whole images as fp32 (the input
+ * gradient's dcol is fp32), none for a 1x1 stride-1 conv, which multiplies
+ * the input itself. depthwise: none (the weights are converted as they are
+ * read).
+ */
+#include "kernels/cuda_sizes.h"
+
+size_t gs_cuda_lt_workspace_for(int cc_major) {
+  return cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+}
+
+uint32_t gs_cuda_conv_chunk_images(const gs_conv_shape *s) {
+  uint32_t oh = gs_window_out(s->h, s->kh, s->stride, s->same);
+  uint32_t ow = gs_window_out(s->w, s->kw, s->stride, s->same);
+  uint64_t per = 4 * (uint64_t)oh * ow * ((uint64_t)s->kh * s->kw * s->c);
+  uint64_t ipc = per ? GS_CUDA_COL_BYTES / per : s->n;
+  if (ipc < 1) ipc = 1;
+  return (uint32_t)(ipc < s->n ? ipc : s->n);
+}
+
+size_t gs_cuda_size_dense(size_t lt, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc) {
+  (void)dt;
+  (void)n;
+  (void)c;
+  (void)oc;
+  return lt;
+}
+
+size_t gs_cuda_size_conv2d(size_t lt, gs_dtype dt, const gs_conv_shape *s) {
+  (void)dt;
+  uint32_t oh = gs_window_out(s->h, s->kh, s->stride, s->same);
+  uint32_t ow = gs_window_out(s->w, s->kw, s->stride, s->same);
+  uint64_t p = (uint64_t)oh * ow, k = (uint64_t)s->kh * s->kw * s->c;
+  if (s->n == 0 || p == 0) return lt;
+  bool pointwise = s->kh == 1 && s->kw == 1 && s->stride == 1;
+  return lt + (pointwise ? 0 : (size_t)4 * gs_cuda_conv_chunk_images(s) * p * k);
+}
+
+size_t gs_cuda_size_depthwise(size_t lt, gs_dtype dt, const gs_conv_shape *s) {
+  (void)lt;
+  (void)dt;
+  (void)s;
+  return 0;
+}
