@@ -48,6 +48,9 @@
  *      graph's copy_2d, appended to the table. */
 #define GS_BACKEND_ABI 2
 
+/* The largest loss scale loss_scale_update grows to: 2^24. */
+#define GS_LOSS_SCALE_MAX 16777216.0f
+
 typedef enum gs_dtype {
   GS_F32 = 0,
   GS_F16 = 1,  /* IEEE binary16 */
@@ -206,7 +209,9 @@ struct gs_backend {
                        int32_t *found_inf);
   /* Dynamic loss scaling after a step: if *found_inf: scale *= 0.5 (not below
    * 1), *good = 0, (*skipped)++; else (*good)++ and when *good reaches
-   * growth_interval: scale *= 2, *good = 0. Then *found_inf = 0. All device. */
+   * growth_interval: scale *= 2 (not above GS_LOSS_SCALE_MAX, so a job whose
+   * gradients never overflow keeps a finite scale, and 1/scale stays a
+   * normal fp32), *good = 0. Then *found_inf = 0. All device. */
   int (*loss_scale_update)(gs_exec *ex, float *scale, int32_t *good, int32_t *found_inf,
                            int64_t *skipped, uint32_t growth_interval);
 

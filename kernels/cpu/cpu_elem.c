@@ -258,7 +258,8 @@ int gs_cpu_loss_scale_update(gs_exec *ex, float *scale, int32_t *good, int32_t *
   } else {
     (*good)++;
     if ((uint32_t)*good >= growth_interval) {
-      *scale *= 2.0f;
+      float s = *scale * 2.0f;
+      *scale = s > GS_LOSS_SCALE_MAX ? GS_LOSS_SCALE_MAX : s;
       *good = 0;
     }
   }

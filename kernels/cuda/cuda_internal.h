@@ -108,6 +108,8 @@ int gs_cuda_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, floa
 int gs_cuda_colsum_add(gs_exec *ex, gs_dtype dt, float *db, const void *x, size_t rows,
                        size_t cols, void *ws);
 size_t gs_cuda_depthwise_workspace(gs_dtype dt, const gs_conv_shape *s);
+/* memmove of bytes on ex's stream (overlap allowed) */
+int gs_cuda_move(gs_exec *ex, void *dst, const void *src, size_t bytes);
 int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                               const void *w, const void *b, const gs_conv_shape *s, void *ws,
                               bool relu);

@@ -647,14 +647,42 @@ __global__ void cast_k(typename st<D>::T *dst, const typename st<S>::T *src, siz
   GS_GRID_STRIDE(i, count) dst[i] = st<D>::store(st<S>::load(src[i]));
 }
 
+/* memmove on ex's stream: cudaMemcpyAsync's result is undefined when the
+ * two ranges overlap (as memcpy's), and the cpu backend's same-type cast is
+ * a memmove. Overlapping ranges are copied in chunks of their distance,
+ * which never overlap, in the order that reads each byte before it is
+ * written over: from the front when dst is below src, else from the back. */
+int gs_cuda_move(gs_exec *ex, void *dst, const void *src, size_t bytes) {
+  char *d = (char *)dst;
+  const char *s = (const char *)src;
+  if (d == s || bytes == 0)
+    return 0;
+  size_t gap = d > s ? (size_t)(d - s) : (size_t)(s - d);
+  if (gap >= bytes)
+    return GS_CU(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, ex->stream));
+  int rc = 0;
+  if (d < s) {
+    for (size_t off = 0; off < bytes && !rc; off += gap) {
+      size_t n = bytes - off < gap ? bytes - off : gap;
+      rc = GS_CU(cudaMemcpyAsync(d + off, s + off, n, cudaMemcpyDeviceToDevice, ex->stream));
+    }
+  } else {
+    for (size_t end = bytes; end > 0 && !rc;) {
+      size_t n = end < gap ? end : gap;
+      end -= n;
+      rc = GS_CU(cudaMemcpyAsync(d + end, s + end, n, cudaMemcpyDeviceToDevice, ex->stream));
+    }
+  }
+  return rc;
+}
+
 int gs_cuda_cast(gs_exec *ex, void *dst, gs_dtype dst_dt, const void *src, gs_dtype src_dt,
                  size_t count) {
   int rc = gs_cuda_enter(ex);
   if (rc || count == 0)
     return rc;
   if (dst_dt == src_dt)
-    return GS_CU(cudaMemcpyAsync(dst, src, count * gs_dtype_size(src_dt),
-                                 cudaMemcpyDeviceToDevice, ex->stream));
+    return gs_cuda_move(ex, dst, src, count * gs_dtype_size(src_dt));
   unsigned blocks = gs_cuda_blocks(count);
   GS_DT_SWITCH(src_dt, S, GS_DT_SWITCH(dst_dt, D,
                                        cast_k<S, D><<<blocks, 256, 0, ex->stream>>>(
@@ -697,7 +725,8 @@ __global__ void loss_scale_k(float *scale, int32_t *good, int32_t *found_inf, in
   } else {
     (*good)++;
     if ((uint32_t)*good >= growth_interval) {
-      *scale *= 2.0f;
+      float s = *scale * 2.0f;
+      *scale = s > GS_LOSS_SCALE_MAX ? GS_LOSS_SCALE_MAX : s;
       *good = 0;
     }
   }

@@ -624,6 +624,33 @@ static int case_cast(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   return tc_end(t);
 }
 
+/* A same-type cast over overlapping ranges moves, as memmove does (the cpu
+ * backend's is one): shifted up and down by less than the count, and by a
+ * few bytes, so the chunked copy runs many chunks both ways. */
+static int case_cast_overlap(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
+  TC_BEGIN(env, dt, msg, len);
+  enum { N = 4099 };
+  size_t es = gs_dtype_size(dt);
+  const long shifts[] = {3, -3, 1000, -1000, 1, -1};
+  for (size_t k = 0; k < sizeof shifts / sizeof shifts[0] && !t->err; k++) {
+    uint8_t *h = halloc(t, N * es);
+    if (!h)
+      break;
+    for (size_t i = 0; i < N * es; i++) h[i] = (uint8_t)(i * 131 + k);
+    void *g = dput(t, h, N * es);
+    size_t count = N - 1000;
+    long s = shifts[k];
+    size_t from = s > 0 ? 0 : (size_t)-s, to = s > 0 ? (size_t)s : 0;
+    tc_call(t, "cpu cast", C->cast(CX, h + to * es, dt, h + from * es, dt, count));
+    tc_call(t, "gpu cast", G->cast(GX, (uint8_t *)g + to * es, dt, (uint8_t *)g + from * es, dt,
+                                   count));
+    char what[64];
+    snprintf(what, sizeof what, "overlapping %s cast by %ld", gs_dtype_name(dt), s);
+    cmp_bits(t, what, h, dget(t, g, N * es), N * es, es);
+  }
+  return tc_end(t);
+}
+
 /* ---- mixed precision bookkeeping ---- */
 
 static int case_unscale(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
@@ -681,6 +708,19 @@ static int case_loss_scale(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) 
            i, g->scale, g->good, g->found, (long long)g->skipped, c.scale, c.good, c.found,
            (long long)c.skipped);
   }
+  /* growth stops at GS_LOSS_SCALE_MAX on both */
+  c = (ls_state){.scale = GS_LOSS_SCALE_MAX * 0.75f, .good = 2};
+  tc_call(t, "gpu copy_in", G->copy_in(GX, gs, &c, sizeof c));
+  for (int i = 0; i < 3 && !t->err; i++) {
+    tc_call(t, "cpu loss_scale_update",
+            C->loss_scale_update(CX, &c.scale, &c.good, &c.found, &c.skipped, 3));
+    tc_call(t, "gpu loss_scale_update",
+            G->loss_scale_update(GX, &gs->scale, &gs->good, &gs->found, &gs->skipped, 3));
+  }
+  ls_state *g = dget(t, gs, sizeof c);
+  if (g && (c.scale != GS_LOSS_SCALE_MAX || g->scale != c.scale))
+    fail(t, "loss_scale at its maximum: gpu %g, cpu %g, want %g", g ? g->scale : 0.0, c.scale,
+         GS_LOSS_SCALE_MAX);
   return tc_end(t);
 }
 
@@ -1362,6 +1402,7 @@ const gs_gpu_case gs_gpu_cases[] = {
     {"depthwise", case_depthwise, true}, {"maxpool", case_maxpool, true},
     {"gap", case_gap, true},           {"relu", case_relu, true},
     {"xent", case_xent, false},        {"cast", case_cast, false},
+    {"cast_overlap", case_cast_overlap, true},
     {"unscale_check", case_unscale, false}, {"loss_scale_update", case_loss_scale, false},
     {"sgd", case_sgd, false},          {"adam", case_adam, false},
     {"mlp_trajectory", case_mlp, true},

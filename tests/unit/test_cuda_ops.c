@@ -44,6 +44,7 @@ Test(cuda_ops, gap) { run("gap", true); }
 Test(cuda_ops, relu) { run("relu", true); }
 Test(cuda_ops, xent) { run("xent", false); }
 Test(cuda_ops, cast) { run("cast", false); }
+Test(cuda_ops, cast_overlap) { run("cast_overlap", true); }
 Test(cuda_ops, unscale_check) { run("unscale_check", false); }
 Test(cuda_ops, loss_scale_update) { run("loss_scale_update", false); }
 Test(cuda_ops, sgd) { run("sgd", false); }

@@ -1035,6 +1035,26 @@ Test(kernels, loss_scale_update) {
   cr_expect_eq(skipped, 6);
 }
 
+Test(kernels, loss_scale_stops_at_its_maximum) {
+  /* A job whose gradients never overflow grows its scale every interval:
+   * it must stop at GS_LOSS_SCALE_MAX, never reach +inf (1/inf would zero
+   * every gradient, and inf * 0.5 never comes back). */
+  float scale = 1.0f;
+  int32_t good = 0, found = 0;
+  int64_t skipped = 0;
+  for (int i = 0; i < 300; i++)
+    cr_assert_eq(B->loss_scale_update(EX, &scale, &good, &found, &skipped, 1), 0);
+  cr_expect_eq(scale, GS_LOSS_SCALE_MAX, "scale %g after 300 growths", scale);
+  cr_expect(isfinite(1.0f / scale) && 1.0f / scale > 0.0f);
+  scale = GS_LOSS_SCALE_MAX * 0.75f;
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 1);
+  cr_expect_eq(scale, GS_LOSS_SCALE_MAX, "a doubling past the maximum stops at it");
+  found = 1;
+  B->loss_scale_update(EX, &scale, &good, &found, &skipped, 1);
+  cr_expect_eq(scale, GS_LOSS_SCALE_MAX * 0.5f, "an overflow still halves it");
+  cr_expect_eq(skipped, 1);
+}
+
 /* ---- optimizers ---- */
 
 Test(kernels, sgd_hand_computed) {
