@@ -94,6 +94,7 @@
 #define STATS_INTERVAL 1.0     /* seconds between two Stats while jobs run */
 #define FAIRSHARE_GRACE 0.05   /* see fairshare.h: a job's gap between steps */
 #define FAIRSHARE_SLICE 0.05   /* see fairshare.h: device time between two switches */
+#define EXIT_DEVICE_LOST 69      /* exit status of device_lost (EX_UNAVAILABLE) */
 
 enum { STOP_CANCEL = 1, STOP_INTERRUPT = 2, STOP_PAUSE = 3 };
 
@@ -163,6 +164,7 @@ static struct {
   struct {                       /* GPUSHARE_EXECUTOR_FAILPOINT (see failpoint_parse) */
     char job[128];               /* the job name it applies to; "" = none */
     uint64_t calls;              /* kernel-crash: crash in its dense_forward call number N */
+    bool fault;                  /* device-fault: that call faults the device instead */
     uint64_t oom_bytes;          /* oom: its tensors get an allocator this small */
   } fp;
   gs_backend table;              /* X.b's ops with the failpoint's wrapper */
@@ -173,6 +175,7 @@ static struct {
     uint64_t cap, used;          /* used guarded by lock */
     pthread_mutex_t lock;
   } budget;
+  _Atomic uint64_t holder;       /* the job whose step holds the device, 0 when none */
 } X = {.fd = -1, .wake = {-1, -1}, .crash_spare_fd = -1,
        .budget = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
@@ -192,8 +195,7 @@ static __thread uint64_t tl_dense_calls;
  * a spare descriptor is closed first so that the open finds a free slot
  * even in a process that ran out of them. Then the default action runs
  * (the core dump, the exit status the supervisor logs). */
-static void on_fatal(int sig) {
-  uint64_t id = tl_job_id;
+static void crash_file_write(uint64_t id) {
   if (X.crash_path[0] && id) {
     char buf[24];
     int n = 0;
@@ -212,6 +214,10 @@ static void on_fatal(int sig) {
       close(fd);
     }
   }
+}
+
+static void on_fatal(int sig) {
+  crash_file_write(tl_job_id);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -225,11 +231,20 @@ static void on_fatal(int sig) {
  * JOB whose planned peak passes BYTES an allocator of BYTES instead of its
  * vdev's (as if the vdev had shrunk under it), so it meets a real QUOTA OOM
  * at run time with its report (tests/integration/test_elastic.sh).
+ * GPUSHARE_EXECUTOR_FAILPOINT=device-fault:JOB:N makes that call fault the
+ * device instead: on a GPU a real illegal-address fault in the GEMM (a
+ * sticky error, the device lost for the process), on the cpu the op's
+ * -ENOTRECOVERABLE; the job's thread then ends the executor naming it
+ * (device_lost), for tests/integration/test_device_lost.sh and the GPU
+ * check.
  * Unset, nothing is wrapped. */
 static int failpoint_parse(const char *v) {
   const char *p = v ? strchr(v, ':') : NULL;
   const char *q = p ? strrchr(v, ':') : NULL;
   bool crash = v && !strncmp(v, "kernel-crash:", 13), oom = v && !strncmp(v, "oom:", 4);
+  bool fault = v && !strncmp(v, "device-fault:", 13);
+  crash = crash || fault;
+  X.fp.fault = fault;
   if ((!crash && !oom) || p == q || (size_t)(q - p - 1) >= sizeof X.fp.job) return -1;
   snprintf(X.fp.job, sizeof X.fp.job, "%.*s", (int)(q - p - 1), p + 1);
   char *end;
@@ -244,8 +259,15 @@ static int failpoint_parse(const char *v) {
 static int failpoint_dense_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                                    const void *w, const void *b, uint32_t n, uint32_t c,
                                    uint32_t oc, void *ws, bool relu) {
-  if (tl_job_name && !strcmp(tl_job_name, X.fp.job) && ++tl_dense_calls == X.fp.calls)
-    raise(SIGSEGV);
+  if (tl_job_name && !strcmp(tl_job_name, X.fp.job) && ++tl_dense_calls == X.fp.calls) {
+    if (!X.fp.fault) raise(SIGSEGV);
+    /* device-fault: on a GPU, a real kernel fault (the GEMM writes to an
+     * address no allocation holds: an illegal address, a sticky error);
+     * the cpu has no such state, so its op answers as the CUDA checker
+     * does for one. */
+    if (X.inner_b->host_memory) return -ENOTRECOVERABLE;
+    out = (void *)(uintptr_t)4096;
+  }
   return X.inner_b->dense_forward(ex, dt, out, in, w, b, n, c, oc, ws, relu);
 }
 
@@ -279,6 +301,24 @@ static void logf_(const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   fprintf(stderr, "gpushare-executor[%s]: %s\n", X.device[0] ? X.device : "-", buf);
+}
+
+/* The device is lost to this process (backend.h: -ENOTRECOVERABLE, a CUDA
+ * sticky error): no job's next call can succeed here, and no later job's
+ * first. The job whose step held the device raised it (steps of different
+ * jobs do not overlap: the fair share hands the device to one at a time,
+ * and a step ends waiting for its last op), else the job that saw it. Its
+ * id goes to the crash file, as on_fatal's does, and the executor exits:
+ * the control plane restarts it, charges that job, and resumes the others
+ * from their checkpoints. */
+static void device_lost(uint64_t observer, const char *why) {
+  uint64_t blame = atomic_load(&X.holder);
+  if (!blame) blame = observer;
+  logf_("device %s lost in job %" PRIu64 "'s step (%s): the executor exits so that a new one "
+        "gets a working device",
+        X.device, blame, why);
+  crash_file_write(blame);
+  _exit(EXIT_DEVICE_LOST);
 }
 
 static double mono_s(void) {
@@ -952,9 +992,11 @@ static void *job_main(void *arg) {
   if (X.fp.oom_bytes && !strcmp(tl_job_name, X.fp.job) && planned_peak > X.fp.oom_bytes &&
       gs_alloc_create(X.b, X.device_index, X.fp.oom_bytes, GS_POLICY_GROWTH, &fp_alloc) == 0)
     alloc = fp_alloc;
-  if (gs_train_create(&spec, X.b, alloc, &sets->train, sets->has_test ? &sets->test : NULL,
-                      &opt, &t, &fail, &e)) {
+  int crc = gs_train_create(&spec, X.b, alloc, &sets->train, sets->has_test ? &sets->test : NULL,
+                            &opt, &t, &fail, &e);
+  if (crc) {
     err_text(&e, reason, sizeof reason);
+    if (crc == -ENOTRECOVERABLE) device_lost(j->id, reason);
     if (fail.oom && oom_report(&spec, &fail, v, &oom)) oom = NULL;
     goto report;
   }
@@ -977,7 +1019,13 @@ static void *job_main(void *arg) {
       gs_fairshare_release(X.fs, v->slot, sw);
       break;
     }
+    atomic_store(&X.holder, j->id);
     rc = gs_train_steps(t, 1, &done, &e);
+    if (rc == -ENOTRECOVERABLE) {
+      err_text(&e, reason, sizeof reason);
+      device_lost(j->id, reason);
+    }
+    atomic_store(&X.holder, 0);
     double el = gs_train_last_device_seconds(t) + sw;
     atomic_store(&X.freed, mono_s());
     gs_fairshare_release(X.fs, v->slot, el);
@@ -1531,15 +1579,16 @@ int main(int argc, char **argv) {
   const char *fp = getenv("GPUSHARE_EXECUTOR_FAILPOINT");
   if (fp && *fp) {
     if (failpoint_parse(fp))
-      return usage_error("GPUSHARE_EXECUTOR_FAILPOINT=\"%s\": expected kernel-crash:JOB:N "
-                         "or oom:JOB:BYTES (N, BYTES >= 1)",
+      return usage_error("GPUSHARE_EXECUTOR_FAILPOINT=\"%s\": expected kernel-crash:JOB:N, "
+                         "device-fault:JOB:N or oom:JOB:BYTES (N, BYTES >= 1)",
                          fp);
     if (X.fp.calls) {
       X.inner_b = X.b;
       X.table = *X.b;
       X.table.dense_forward = failpoint_dense_forward;
       X.b = &X.table;
-      logf_("failpoint: job %s crashes in its dense_forward call %" PRIu64, X.fp.job, X.fp.calls);
+      logf_("failpoint: job %s %s in its dense_forward call %" PRIu64, X.fp.job,
+            X.fp.fault ? "faults the device" : "crashes", X.fp.calls);
     } else {
       logf_("failpoint: job %s runs in %" PRIu64 " bytes whenever it plans more", X.fp.job,
             X.fp.oom_bytes);

@@ -24,6 +24,11 @@
  *    takes it from the job's vdev allocator, so it is charged to the quota.
  *  - Every op returns 0, or a negative value on a device error (never on a
  *    shape error: the runtime validates shapes before it runs anything).
+ *    -ENOTRECOVERABLE means the device is lost to this process (a CUDA
+ *    sticky error: a kernel fault, an illegal address): every later call
+ *    fails the same way, so the process must end and a new one start; the
+ *    job whose op saw it first is the one whose step raised it, when steps
+ *    of different jobs do not overlap on the device.
  *  - Scalars that a step decides on the device (the loss scale, the
  *    found-inf flag) are passed as device pointers, so a GPU step needs no
  *    host synchronisation.

@@ -1969,10 +1969,15 @@ static int device_timer_start(gs_train *t, double *wall0) {
   return t->b->timer_start ? t->b->timer_start(t->ex) : 0;
 }
 
-static void device_timer_stop(gs_train *t, double wall0) {
+/* The stop waits for the step's last op: a fault of the step's kernels that
+ * nothing in the step waited for surfaces here, and a lost device
+ * (-ENOTRECOVERABLE, backend.h) is returned so that it is this step's. */
+static int device_timer_stop(gs_train *t, double wall0) {
   double d = 0;
-  if (!t->b->timer_start || t->b->timer_stop(t->ex, &d)) d = now_s() - wall0;
+  int rc = t->b->timer_start ? t->b->timer_stop(t->ex, &d) : -ENOTSUP;
+  if (rc) d = now_s() - wall0;
   t->last_device_seconds = d;
+  return rc == -ENOTRECOVERABLE ? rc : 0;
 }
 
 static int train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e);
@@ -1982,10 +1987,16 @@ int gs_train_steps(gs_train *t, uint64_t n, bool *done, gs_err *e) {
   double wall0;
   int trc = device_timer_start(t, &wall0);
   int rc = train_steps(t, n, done, e);
-  if (trc == 0)
-    device_timer_stop(t, wall0);
-  else
+  if (trc == 0) {
+    int src = device_timer_stop(t, wall0);
+    if (src && !rc) {
+      gs_err_set(e, GS_INTERNAL, "", "backend %s: the device was lost in this step (%d)",
+                 t->b->name, src);
+      rc = src;
+    }
+  } else {
     t->last_device_seconds = 0;
+  }
   gs_fpenv_restore(fp);
   return rc;
 }

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <atomic>
 #include <new>
 
 #include "kernels/cuda/cuda_internal.h"
@@ -43,6 +44,36 @@ size_t gs_cuda_lt_workspace = (size_t)4 << 20;
 
 /* ---- the checker ---- */
 
+/* Set once a sticky error was seen: the context is gone for this process. */
+static std::atomic<bool> cuda_lost{false};
+
+/* The errors CUDA documents as leaving "the process in an inconsistent
+ * state": every later CUDA call of the process returns the same error, and
+ * only a new process gets a working context. A kernel fault raises no
+ * signal, so without this the executor would live on with a dead context:
+ * every job's next call failing, every later job failing at its first
+ * allocation. */
+static bool sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchFailure:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorAssert:
+  case cudaErrorECCUncorrectable:
+  case cudaErrorContextIsDestroyed:
+    return true;
+  default:
+    return false;
+  }
+}
+
+bool gs_cuda_device_lost(void) { return cuda_lost.load(std::memory_order_relaxed); }
+
 int gs_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
   if (e == cudaSuccess)
     return 0;
@@ -50,8 +81,14 @@ int gs_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
    * left there, the next GS_LAUNCHED would blame a kernel that launched
    * fine. Read it off here (a sticky fault stays: every later call fails). */
   (void)cudaGetLastError();
+  bool lost = sticky(e);
+  if (lost && !cuda_lost.exchange(true))
+    fprintf(stderr, "gpushare cuda: the device is lost (%s): the process must end\n",
+            cudaGetErrorName(e));
   fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorName(e),
           cudaGetErrorString(e));
+  if (lost)
+    return -ENOTRECOVERABLE;
   return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
 }
 
@@ -60,6 +97,11 @@ int gs_cuda_check_lt(cublasStatus_t s, const char *what, const char *file, int l
     return 0;
   fprintf(stderr, "gpushare cuda: %s:%d: %s: %s (%s)\n", file, line, what,
           cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+  /* cuBLASLt reports a dead context as its own failure; the runtime's
+   * error says which. */
+  cudaError_t ce = cudaGetLastError();
+  if (ce != cudaSuccess && sticky(ce))
+    return gs_cuda_check(ce, what, file, line);
   if (s == CUBLAS_STATUS_ALLOC_FAILED)
     return -ENOMEM;
   if (s == CUBLAS_STATUS_NOT_SUPPORTED)
@@ -68,6 +110,8 @@ int gs_cuda_check_lt(cublasStatus_t s, const char *what, const char *file, int l
 }
 
 int gs_cuda_enter(gs_exec *ex) {
+  if (gs_cuda_device_lost())
+    return -ENOTRECOVERABLE; /* nothing more runs in this process */
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);
   if (e == cudaSuccess && cur == ex->device)
@@ -78,6 +122,8 @@ int gs_cuda_enter(gs_exec *ex) {
 }
 
 static int cuda_set_device(int device_index) {
+  if (gs_cuda_device_lost())
+    return -ENOTRECOVERABLE;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError(); /* not a kernel's error: keep GS_LAUNCHED clean */

@@ -69,6 +69,9 @@ extern size_t gs_cuda_lt_workspace;
 int gs_cuda_check(cudaError_t e, const char *what, const char *file, int line);
 int gs_cuda_check_lt(cublasStatus_t s, const char *what, const char *file, int line);
 #define GS_CU(call) gs_cuda_check((call), #call, __FILE__, __LINE__)
+/* A sticky error was seen (gs_cuda_check answers -ENOTRECOVERABLE for it,
+ * and every op after it does too, without calling CUDA). */
+bool gs_cuda_device_lost(void);
 #define GS_LT(call) gs_cuda_check_lt((call), #call, __FILE__, __LINE__)
 #define GS_LAUNCHED(name) gs_cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
 
