@@ -57,9 +57,11 @@ const gs_device *gs_devices_find(const gs_devices *d, const char *name) {
   return NULL;
 }
 
-/* One line of `gpushare-executor --list-devices` into a device. */
+/* One line of `gpushare-executor --list-devices` into a device:
+ * gpu INDEX TOTAL MAJOR.MINOR FREE NAME (FREE: what a first job would find
+ * free, 0 when unmeasured; an executor from before it printed none). */
 static int gpu_line(const gs_config *c, char *line, gs_device *g) {
-  char *f[5] = {0};
+  char *f[6] = {0};
   char *save = NULL, *p = line;
   for (int i = 0; i < 5; i++) {
     f[i] = strtok_r(p, i < 4 ? "\t" : "\n", &save);
@@ -67,6 +69,15 @@ static int gpu_line(const gs_config *c, char *line, gs_device *g) {
     if (!f[i]) return -1;
   }
   char *end;
+  unsigned long long free_bytes = 0;
+  char *tab = strchr(f[4], '\t');
+  if (tab) { /* FREE, then the name */
+    *tab = '\0';
+    errno = 0;
+    free_bytes = strtoull(f[4], &end, 10);
+    if (errno || *end) return -1;
+    f[4] = tab + 1;
+  }
   errno = 0;
   long idx = strtol(f[1], &end, 10);
   if (errno || *end || idx < 0 || idx >= GS_DEVICES_MAX - 1) return -1;
@@ -79,6 +90,10 @@ static int gpu_line(const gs_config *c, char *line, gs_device *g) {
   snprintf(g->compute_capability, sizeof g->compute_capability, "%.7s", f[3]);
   g->total = total;
   g->usable = total > c->gpu_reserve ? total - c->gpu_reserve : 0;
+  /* gpu_reserve guesses what the context and cuBLASLt hold; where the
+   * executor measured what is left after them (and after whatever other
+   * processes hold), the smaller figure is what vdevs can have. */
+  if (free_bytes && free_bytes < g->usable) g->usable = free_bytes;
   g->oversubscribed = c->memory_oversubscribe != 0;
   g->threads = 2; /* host threads of a GPU job: it queues kernels, the GPU computes */
   return 0;

@@ -5,7 +5,9 @@
  * from the config (cpu_memory; default half of RAM), so the daemon, its tests
  * and its demo run on any machine. GPUs join the list where the CUDA plugin
  * loads and a driver answers; each reports total memory from the driver and
- * usable = total minus gpu_reserve (contexts, cuBLAS workspaces).
+ * usable = total minus gpu_reserve (contexts, cuBLAS workspaces), or what
+ * the executor found free once a context, a cuBLASLt handle and a first
+ * matmul existed, when that is less.
  */
 #ifndef GS_DEVICES_H
 #define GS_DEVICES_H
@@ -45,7 +47,7 @@ const gs_device *gs_devices_find(const gs_devices *d, const char *name);
 bool gs_device_data_in_memory(const char *name);
 /* Add the GPUs that `EXE --list-devices` (gpushare-executor, which loads the
  * CUDA plugin; the control plane never does) reports, as gpu0, gpu1, ...
- * with usable = total - gpu_reserve. Returns how many were added; with none,
+ * with usable = min(total - gpu_reserve, free after a first matmul). Returns how many were added; with none,
  * why says why (no plugin, no driver, no device), for one line of log. */
 int gs_devices_probe_gpus(const gs_config *c, const char *exe, gs_devices *d, char *why,
                           size_t why_len);

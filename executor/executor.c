@@ -1432,9 +1432,38 @@ static void usage(FILE *f) {
 /* --list-devices: the GPUs this process can open, for the control plane,
  * which never loads CUDA itself (a CUDA context in gpushared would hold
  * device memory and tie the control plane's life to the driver's). One line
- * per GPU, tab-separated: "gpu INDEX TOTAL_BYTES MAJOR.MINOR NAME"; or one
- * line "unavailable WHY" where the plugin, a driver or a device is missing.
- * Exit 0 either way: no GPU is an answer, not a failure. */
+ * per GPU, tab-separated: "gpu INDEX TOTAL_BYTES MAJOR.MINOR FREE_BYTES
+ * NAME"; or one line "unavailable WHY" where the plugin, a driver or a
+ * device is missing. FREE_BYTES is what the device has free once a job
+ * could run: after the context, a stream, a cuBLASLt handle and a first
+ * matmul exist (first_free), so the control plane budgets vdevs from what
+ * is really there (0 when it could not be measured). Exit 0 either way:
+ * no GPU is an answer, not a failure. */
+static uint64_t first_free(gs_backend *b, int index) {
+  const uint32_t n = 64;
+  size_t ws = b->dense_workspace(GS_F32, n, n, n), mat = (size_t)n * n * sizeof(float);
+  size_t bytes = 3 * mat + ws + GS_ALLOC_ALIGN;
+  gs_exec_config cfg = {.threads = 1, .device_index = index};
+  gs_exec *ex = NULL;
+  void *region = NULL;
+  uint64_t total = 0, free_bytes = 0;
+  bool ran = false;
+  if (b->exec_create(b, &cfg, &ex)) return 0;
+  if (b->region_reserve(b, index, bytes, &region) == 0) {
+    char *p = region;
+    /* operands cleared: the matmul's numbers do not matter, its plans do */
+    ran = !b->zero(ex, p, 3 * mat) &&
+          !b->dense_forward(ex, GS_F32, p + 2 * mat, p, p + mat, NULL, n, n, n,
+                            ws ? p + 3 * mat : NULL, false) &&
+          !b->synchronize(ex);
+    b->region_release(b, index, region, bytes);
+  }
+  /* measured while the exec (stream, cuBLASLt handle, plans) still lives */
+  if (!ran || b->device_memory(b, index, &total, &free_bytes)) free_bytes = 0;
+  b->exec_destroy(ex);
+  return free_bytes;
+}
+
 static int list_devices(void) {
   char why[512] = "";
   gs_backend *b = gs_backend_cuda_load(why, sizeof why);
@@ -1448,7 +1477,8 @@ static int list_devices(void) {
     if (gs_cuda_device_info(b, i, &g)) continue;
     for (char *c = g.name; *c; c++)
       if (*c == '\t' || *c == '\n') *c = ' ';
-    printf("gpu\t%d\t%" PRIu64 "\t%d.%d\t%s\n", i, g.total_bytes, g.major, g.minor, g.name);
+    printf("gpu\t%d\t%" PRIu64 "\t%d.%d\t%" PRIu64 "\t%s\n", i, g.total_bytes, g.major,
+           g.minor, first_free(b, i), g.name);
   }
   if (n == 0) printf("unavailable\tthe CUDA backend reports no GPU\n");
   return fflush(stdout) == 0 ? 0 : 1;

@@ -58,4 +58,24 @@ expect_ok "a vdev on gpu0" ctl vdev create g0 --device gpu0 --memory 40GiB --com
 expect_fail "a vdev past gpu0's usable memory" 1 RESOURCE_EXHAUSTED ctl vdev create g1 --device gpu0 --memory 139GiB --compute 10 --tenant t
 kill -0 "$DPID" && pass "gpushared serves while gpu0's executor cannot open CUDA here" || fail "gpushared died"
 stop_daemon
+
+# An executor that measured what is free after a context, cuBLASLt and a
+# first matmul (less than total - gpu_reserve): vdevs get that.
+cat >"$T/fake-executor" <<FAKE
+#!/bin/sh
+if [ "\$1" = --list-devices ]; then
+  printf 'gpu\t0\t150323855360\t9.0\t100000000000\tNVIDIA H200\n'; exit 0
+fi
+exec "$EXE" "\$@"
+FAKE
+GS_EXECUTOR=$T/fake-executor start_daemon
+expect_ok "devices with a measured GPU" ctl --json devices
+echo "$LAST_OUT" | $PY -c "
+import json,sys
+d={x['name']:x for x in json.load(sys.stdin)['device']}
+g=d['gpu0']
+assert g['model']=='NVIDIA H200' and int(g['usable_bytes'])==100000000000, g
+" && pass "gpu0: usable = what the executor found free, below total - gpu_reserve" || fail "gpu0: $LAST_OUT"
+expect_fail "a vdev past what is free" 1 RESOURCE_EXHAUSTED ctl vdev create g2 --device gpu0 --memory 95GiB --compute 10 --tenant t
+stop_daemon
 finish
