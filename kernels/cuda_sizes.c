@@ -5,8 +5,9 @@
  * partial column sums reuse it before the GEMMs do). conv2d: cuBLASLt's,
  * then the im2col buffer of one chunk of whole images as fp32 (the input
  * gradient's dcol is fp32), none for a 1x1 stride-1 conv, which multiplies
- * the input itself. depthwise: none (the weights are converted as they are
- * read).
+ * the input itself. depthwise: the weight and bias gradients' partial sums
+ * per chunk of positions (gs_cuda_depthwise_chunks), none when one chunk
+ * suffices; the weights are converted as they are read.
  */
 #include "kernels/cuda_sizes.h"
 
@@ -41,9 +42,24 @@ size_t gs_cuda_size_conv2d(size_t lt, gs_dtype dt, const gs_conv_shape *s) {
   return lt + (pointwise ? 0 : (size_t)4 * gs_cuda_conv_chunk_images(s) * p * k);
 }
 
+uint32_t gs_cuda_depthwise_chunks(const gs_conv_shape *s) {
+  uint32_t oh = gs_window_out(s->h, s->kh, s->stride, s->same);
+  uint32_t ow = gs_window_out(s->w, s->kw, s->stride, s->same);
+  uint64_t positions = (uint64_t)s->n * oh * ow;
+  uint64_t blocks = ((uint64_t)s->c + 31) / 32 * ((uint64_t)s->kh * s->kw + 1);
+  if (positions == 0 || blocks == 0) return 1;
+  uint64_t chunks = (positions + GS_CUDA_DW_MIN_POSITIONS - 1) / GS_CUDA_DW_MIN_POSITIONS;
+  uint64_t want = (GS_CUDA_DW_BLOCKS + blocks - 1) / blocks;
+  if (chunks > want) chunks = want;
+  if (chunks > 65535) chunks = 65535; /* gridDim.z */
+  return chunks < 1 ? 1 : (uint32_t)chunks;
+}
+
 size_t gs_cuda_size_depthwise(size_t lt, gs_dtype dt, const gs_conv_shape *s) {
   (void)lt;
   (void)dt;
-  (void)s;
-  return 0;
+  uint32_t chunks = gs_cuda_depthwise_chunks(s);
+  if (chunks <= 1) return 0;
+  /* per chunk, the partial sums of every tap and the bias, per channel */
+  return (size_t)chunks * ((size_t)s->kh * s->kw + 1) * s->c * sizeof(float);
 }

@@ -39,6 +39,15 @@ size_t gs_cuda_lt_workspace_for(int cc_major);
  * as fp32 rows, at least 1, at most s->n. */
 uint32_t gs_cuda_conv_chunk_images(const gs_conv_shape *s);
 
+/* Chunks the depthwise weight gradient's positions (N x OH x OW) are cut
+ * into, each block summing one chunk of 32 channels of one tap (or of the
+ * bias) into the workspace, a second pass adding the chunks in order: about
+ * GS_CUDA_DW_BLOCKS blocks in all, at least GS_CUDA_DW_MIN_POSITIONS
+ * positions a chunk, 1 (no workspace, one pass) when that is all. */
+#define GS_CUDA_DW_BLOCKS 4096
+#define GS_CUDA_DW_MIN_POSITIONS 128
+uint32_t gs_cuda_depthwise_chunks(const gs_conv_shape *s);
+
 /* The workspace queries of backend.h, with cuBLASLt's bytes `lt`. */
 size_t gs_cuda_size_dense(size_t lt, gs_dtype dt, uint32_t n, uint32_t c, uint32_t oc);
 size_t gs_cuda_size_conv2d(size_t lt, gs_dtype dt, const gs_conv_shape *s);

@@ -28,8 +28,14 @@ extern "C" {
 #include "kernels/cuda_sizes.h"
 }
 
-/* Entries of an exec's matmul plan cache (open addressing, power of two). */
-#define GS_CUDA_PLANS 64
+/* Entries of an exec's matmul plan cache (open addressing, power of two).
+ * A step's distinct GEMMs: three per dense or conv layer (forward, weight
+ * and input gradient), again for a conv's last, shorter im2col chunk and
+ * for the evaluation's last, partial batch: past 100 for a MobileNet, which
+ * a 64-slot cache evicted and re-planned every step. 512 slots (about
+ * 200 bytes each, per job) keep every shape of any example with room for
+ * the eight probes. */
+#define GS_CUDA_PLANS 512
 
 /* One cached cuBLASLt plan: the descriptors and the heuristic's algorithm
  * for one GEMM shape, types, epilogue and pointer alignments. */

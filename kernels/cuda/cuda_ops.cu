@@ -292,10 +292,16 @@ __global__ void dw_dgrad_k(kgeo g, typename st<D>::T *din, const typename st<D>:
 }
 
 /* dw (KH*KW, C) += and db (C) +=: block (32, GS_RED_Y) over 32 channels of
- * one tap (blockIdx.y < KH*KW) or of the bias (blockIdx.y == KH*KW) */
+ * one tap (blockIdx.y < KH*KW) or of the bias (blockIdx.y == KH*KW), over
+ * the positions of chunk blockIdx.z (of `chunk` positions each). partial
+ * == NULL (one chunk): the sum is added to dw or db; else it goes to
+ * partial[(blockIdx.z * (KH*KW + 1) + tap) * C + channel], which
+ * dw_wgrad_sum_k adds up in chunk order: the same bits run after run. One
+ * block per tap and 32 channels left most of a large GPU idle (ten blocks
+ * for a 3x3 depthwise of 32 channels on 132 SMs). */
 template <int D>
 __global__ void dw_wgrad_k(kgeo g, float *dw, float *db, const typename st<D>::T *dout,
-                           const typename st<D>::T *in) {
+                           const typename st<D>::T *in, size_t chunk, float *partial) {
   __shared__ float part[GS_RED_Y][33];
   int taps = g.kh * g.kw, tap = (int)blockIdx.y;
   bool bias = tap == taps;
@@ -305,8 +311,9 @@ __global__ void dw_wgrad_k(kgeo g, float *dw, float *db, const typename st<D>::T
   int ky = bias ? 0 : tap / g.kw, kx = bias ? 0 : tap % g.kw;
   float acc = 0.0f;
   size_t positions = (size_t)g.n * g.oh * g.ow;
+  size_t p0 = (size_t)blockIdx.z * chunk, p1 = p0 + chunk < positions ? p0 + chunk : positions;
   if (ci < g.c)
-    for (size_t pos = threadIdx.y; pos < positions; pos += GS_RED_Y) {
+    for (size_t pos = p0 + threadIdx.y; pos < p1; pos += GS_RED_Y) {
       float d = st<D>::load(dout[pos * g.c + ci]);
       if (bias) {
         acc += d;
@@ -325,10 +332,31 @@ __global__ void dw_wgrad_k(kgeo g, float *dw, float *db, const typename st<D>::T
     float s = 0.0f;
     for (int y = 0; y < GS_RED_Y; y++)
       s += part[y][threadIdx.x];
-    if (bias)
+    if (partial)
+      partial[((size_t)blockIdx.z * (taps + 1) + tap) * g.c + ci] = s;
+    else if (bias)
       db[ci] += s;
     else
       dw[(size_t)tap * g.c + ci] += s;
+  }
+}
+
+/* The chunks' partial sums, added in chunk order onto dw (taps x C) and db
+ * (C), one thread per (tap, channel); a NULL dw or db is left out. */
+__global__ void dw_wgrad_sum_k(float *dw, float *db, const float *partial, int taps, int c,
+                               unsigned chunks) {
+  size_t per = (size_t)(taps + 1) * c;
+  GS_GRID_STRIDE(i, per) {
+    bool bias = i >= (size_t)taps * c;
+    if ((bias && !db) || (!bias && !dw))
+      continue;
+    float s = 0.0f;
+    for (unsigned z = 0; z < chunks; z++)
+      s += partial[(size_t)z * per + i];
+    if (bias)
+      db[i - (size_t)taps * c] += s;
+    else
+      dw[i] += s;
   }
 }
 
@@ -355,18 +383,31 @@ int gs_cuda_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *i
 int gs_cuda_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float *db,
                                const void *dout, const void *in, const void *w,
                                const gs_conv_shape *s, void *ws) {
-  (void)ws;
   int rc = gs_cuda_enter(ex);
   kgeo g = kgeo_of(s, s->same);
   if (rc || g.n == 0)
     return rc;
   if ((dw || db) && g.c > 0 && g.oh > 0 && g.ow > 0) {
-    dim3 grid((unsigned)((g.c + 31) / 32), (unsigned)(g.kh * g.kw + 1)), block(32, GS_RED_Y);
+    /* chunks as the workspace query sized them (cuda_sizes.c); one pass
+     * where the caller gave no workspace */
+    unsigned chunks = ws ? gs_cuda_depthwise_chunks(s) : 1;
+    size_t positions = (size_t)g.n * g.oh * g.ow;
+    size_t chunk = (positions + chunks - 1) / chunks;
+    float *partial = chunks > 1 ? (float *)ws : NULL;
+    dim3 grid((unsigned)((g.c + 31) / 32), (unsigned)(g.kh * g.kw + 1), chunks),
+        block(32, GS_RED_Y);
     GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                  dw_wgrad_k<D><<<grid, block, 0, ex->stream>>>(g, dw, db, (const T *)dout,
-                                                               (const T *)in));
+                                                               (const T *)in, chunk, partial));
     if ((rc = GS_LAUNCHED("depthwise_backward (weights)")))
       return rc;
+    if (partial) {
+      size_t per = (size_t)(g.kh * g.kw + 1) * g.c;
+      dw_wgrad_sum_k<<<gs_cuda_blocks(per), 256, 0, ex->stream>>>(dw, db, partial,
+                                                                  g.kh * g.kw, g.c, chunks);
+      if ((rc = GS_LAUNCHED("depthwise_backward (weight sums)")))
+        return rc;
+    }
   }
   size_t count = (size_t)g.n * g.h * g.w * g.c;
   if (din && count) {

@@ -434,6 +434,9 @@ static int case_depthwise(gs_gpu_env *env, gs_dtype dt, char *msg, size_t len) {
   conv_one(t, dt, shape(2, 9, 7, 13, 3, 1, true, 13), true);
   conv_one(t, dt, shape(2, 10, 9, 40, 5, 2, true, 40), true);
   conv_one(t, dt, shape(3, 8, 8, 8, 3, 2, false, 8), true);
+  /* 3136 positions: the weight gradient in 25 chunks through the
+   * workspace, 33 channels over two blocks of 32 */
+  conv_one(t, dt, shape(4, 28, 28, 33, 3, 1, true, 33), true);
   return tc_end(t);
 }
 

@@ -163,7 +163,14 @@ Test(plan_backend, cuda_sizes_follow_the_compute_capability) {
                       .same = true, .f = 3};
   gs_conv_shape_init(&pw);
   cr_expect_eq(h->conv2d_workspace(GS_BF16, &pw), (size_t)32 << 20);
-  cr_expect_eq(h->depthwise_workspace(GS_F16, &cs), 0);
+  /* depthwise: its weight gradient's partial sums, 13 * 784 positions in
+   * 80 chunks of 128, 9 taps and the bias, 1 channel; none in one chunk */
+  cr_expect_eq(gs_cuda_depthwise_chunks(&cs), 80);
+  cr_expect_eq(h->depthwise_workspace(GS_F16, &cs), (size_t)80 * 10 * 1 * 4);
+  gs_conv_shape one = cs;
+  one.n = 1, one.h = one.w = 8;
+  gs_conv_shape_init(&one);
+  cr_expect_eq(h->depthwise_workspace(GS_F16, &one), 0);
 }
 
 static void devices_with_gpu(gs_devices *ds, const char *cc) {
