@@ -37,6 +37,9 @@ static void sizes_fill(gs_backend *t, size_t (*dense)(gs_dtype, uint32_t, uint32
   t->dense_workspace = dense;
   t->conv2d_workspace = conv;
   t->depthwise_workspace = dw;
+  t->batchnorm_workspace = gs_cuda_size_batchnorm;
+  t->layernorm_workspace = gs_cuda_size_layernorm;
+  t->attention_workspace = gs_cuda_size_attention;
 }
 
 static void sizes_init(void) {

@@ -63,3 +63,37 @@ size_t gs_cuda_size_depthwise(size_t lt, gs_dtype dt, const gs_conv_shape *s) {
   /* per chunk, the partial sums of every tap and the bias, per channel */
   return (size_t)chunks * ((size_t)s->kh * s->kw + 1) * s->c * sizeof(float);
 }
+
+void gs_cuda_norm_split(size_t m, size_t *chunk, size_t *nk) {
+  const size_t span = (size_t)GS_CUDA_NORM_ROWS * 65535;
+  size_t per = GS_CUDA_NORM_ROWS * ((m + span - 1) / span);
+  if (per == 0) per = GS_CUDA_NORM_ROWS;
+  *chunk = per;
+  *nk = m ? (m + per - 1) / per : 1;
+}
+
+/* The partials (2 nk, C) double, then two fp32 arrays of C (evaluation:
+ * mean and rstd from the running statistics; backward: sum(dout) / M and
+ * sum(dout xhat) / M). */
+size_t gs_cuda_size_batchnorm(gs_dtype dt, uint32_t m, uint32_t c) {
+  (void)dt;
+  size_t chunk, nk;
+  gs_cuda_norm_split(m, &chunk, &nk);
+  return 2 * nk * (size_t)c * sizeof(double) + 2 * (size_t)c * sizeof(float);
+}
+
+/* The gradient partials (2 nk, C) double. */
+size_t gs_cuda_size_layernorm(gs_dtype dt, uint32_t m, uint32_t c) {
+  (void)dt;
+  size_t chunk, nk;
+  gs_cuda_norm_split(m, &chunk, &nk);
+  return 2 * nk * (size_t)c * sizeof(double);
+}
+
+/* The row sums of attention's backward first pass. */
+size_t gs_cuda_size_attention(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
+                              uint32_t head_size) {
+  (void)dt;
+  if (head_size == 0) return 0;
+  return sizeof(float) * n * (size_t)heads * t;
+}

@@ -53,6 +53,15 @@ size_t gs_cuda_size_dense(size_t lt, gs_dtype dt, uint32_t n, uint32_t c, uint32
 size_t gs_cuda_size_conv2d(size_t lt, gs_dtype dt, const gs_conv_shape *s);
 size_t gs_cuda_size_depthwise(size_t lt, gs_dtype dt, const gs_conv_shape *s);
 
+/* The normalisation ops' column reductions: rows per chunk and chunks for
+ * m rows (a grid's y dimension is at most 65535), and their workspaces. */
+#define GS_CUDA_NORM_ROWS 128
+void gs_cuda_norm_split(size_t m, size_t *chunk, size_t *nk);
+size_t gs_cuda_size_batchnorm(gs_dtype dt, uint32_t m, uint32_t c);
+size_t gs_cuda_size_layernorm(gs_dtype dt, uint32_t m, uint32_t c);
+size_t gs_cuda_size_attention(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
+                              uint32_t head_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -55,6 +55,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda_sizes.h"
 
 namespace {
 
@@ -403,10 +404,7 @@ attn_geo attn_geo_of(uint32_t t, uint32_t heads, uint32_t head_size) {
 /* the row sums of the backward's first pass */
 size_t gs_cuda_attention_workspace(gs_dtype dt, uint32_t n, uint32_t t, uint32_t heads,
                                    uint32_t head_size) {
-  (void)dt;
-  if (head_size == 0)
-    return 0;
-  return sizeof(float) * n * (size_t)heads * t;
+  return gs_cuda_size_attention(dt, n, t, heads, head_size);
 }
 
 int gs_cuda_attention_forward(gs_exec *ex, gs_dtype dt, void *out, float *probs, const void *qkv,

@@ -20,6 +20,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_dtype.cuh"
+#include "kernels/cuda_sizes.h"
 #include "kernels/cuda/cuda_internal.h"
 
 /* ---- residual sums ---- */
@@ -54,24 +55,17 @@ int gs_cuda_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, siz
 /* ---- row reductions (batchnorm statistics, norm gradients) ----
  *
  * A column reduction over rows [0, M) of (M, C): block (32, GS_NORM_Y)
- * takes 32 columns of one chunk of GS_NORM_ROWS rows; each thread sums a
- * strided run of the chunk's rows (GS_NORM_ROWS / GS_NORM_Y of them) in
+ * takes 32 columns of one chunk of GS_CUDA_NORM_ROWS rows; each thread sums a
+ * strided run of the chunk's rows (GS_CUDA_NORM_ROWS / GS_NORM_Y of them) in
  * fp32, the block adds its threads' runs in double in a fixed order and
  * writes the chunk's partial (double) to the workspace; a second kernel
  * adds the chunks' partials in chunk order. The split depends on M alone,
  * so every run gives the same bits. */
 
 #define GS_NORM_Y 8      /* threads per column of a reduction block */
-#define GS_NORM_ROWS 128 /* rows of a chunk (more past 65535 chunks) */
-
-/* rows per chunk and chunks for m rows; gridDim.y is at most 65535 */
-static void norm_split(size_t m, size_t *chunk, size_t *nk) {
-  size_t per = GS_NORM_ROWS * ((m + (size_t)GS_NORM_ROWS * 65535 - 1) / ((size_t)GS_NORM_ROWS * 65535));
-  if (per == 0)
-    per = GS_NORM_ROWS;
-  *chunk = per;
-  *nk = m ? (m + per - 1) / per : 1;
-}
+/* rows per chunk and chunks for m rows (cuda_sizes.c, which the planner
+ * shares) */
+static void norm_split(size_t m, size_t *chunk, size_t *nk) { gs_cuda_norm_split(m, chunk, nk); }
 
 enum { RED_SUM, RED_SQ, RED_BN_BWD, RED_LN_BWD };
 
@@ -146,10 +140,7 @@ __device__ __forceinline__ double chunk_sum(const double *part, size_t k0, size_
  * (evaluation: mean and rstd from the running statistics; backward:
  * sum(dout) / M and sum(dout xhat) / M). */
 size_t gs_cuda_batchnorm_workspace(gs_dtype dt, uint32_t m, uint32_t c) {
-  (void)dt;
-  size_t chunk, nk;
-  norm_split(m, &chunk, &nk);
-  return 2 * nk * (size_t)c * sizeof(double) + 2 * (size_t)c * sizeof(float);
+  return gs_cuda_size_batchnorm(dt, m, c);
 }
 
 /* after RED_SUM: mean[c] = the batch mean */
@@ -344,10 +335,7 @@ int gs_cuda_layernorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, 
 
 /* Workspace: the gradient partials (2 nk, C) double. */
 size_t gs_cuda_layernorm_workspace(gs_dtype dt, uint32_t m, uint32_t c) {
-  (void)dt;
-  size_t chunk, nk;
-  norm_split(m, &chunk, &nk);
-  return 2 * nk * (size_t)c * sizeof(double);
+  return gs_cuda_size_layernorm(dt, m, c);
 }
 
 /* din per row: rstd (g - mean(g) - xhat mean(g xhat)), g = dout * gamma */
