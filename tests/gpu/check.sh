@@ -147,7 +147,8 @@ else
   plibs="$prefix/usr/lib/x86_64-linux-gnu:$prefix/usr/lib/x86_64-linux-gnu/openblas-pthread"
   LD_LIBRARY_PATH="$plibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$pbin/gpushared" "$pbin/gpushare-executor" | grep -E "not found|GLIBC" && echo "check.sh: the bundle's programs lack a library here"
   LD_LIBRARY_PATH="$plibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 \
-    bash tests/gpu/product.sh --device gpu0 --bin "$pbin" --data "$bundle/product/fashion-mnist" --steps "${GS_PRODUCT_STEPS:-200}"
+    bash tests/gpu/product.sh --device gpu0 --bin "$pbin" --data "$bundle/product/fashion-mnist" \
+      --text "$bundle/product/text/cookie" --steps "${GS_PRODUCT_STEPS:-200}"
   case $? in 0) result product PASS ;; 124) result product "FAIL (ran past 300 s)" ;; *) result product FAIL ;; esac
 fi
 

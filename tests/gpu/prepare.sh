@@ -12,7 +12,8 @@
 #    (Release, without the CUDA plugin: the executor loads the one
 #    check.sh builds there, through $GS_CUDA_PLUGIN; they need glibc 2.34);
 #  - product/fashion-mnist: the four IDX files of Debian's
-#    dataset-fashion-mnist, for the examples.
+#    dataset-fashion-mnist, for the examples; product/text/cookie, Debian's
+#    fortunes text the GPT example trains on.
 # It lands in BUNDLE_DIR (default build-gpu-bundle/ at the repository root,
 # ignored by git through /build*/; about 50 MiB), which is carried to the
 # GPU machine with the device tool's `carry`; tests/gpu/check.sh unpacks
@@ -37,7 +38,7 @@ cd - >/dev/null
 build=build-gpu-product
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DGS_CUDA=OFF -DGS_TESTS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target gpushared gpushare-executor gpuctl >/dev/null
-rm -rf "$out/product" && mkdir -p "$out/product/bin" "$out/product/fashion-mnist"
+rm -rf "$out/product" && mkdir -p "$out/product/bin" "$out/product/fashion-mnist" "$out/product/text"
 for p in gpushared gpushare-executor gpuctl; do
   cp "$build/bin/$p" "$out/product/bin/" && strip "$out/product/bin/$p"
 done
@@ -49,5 +50,11 @@ if ! cp "$data"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$out/product/fa
   echo "prepare.sh: Fashion-MNIST not found in $data (apt-get install dataset-fashion-mnist)" >&2
   exit 1
 fi
+text=${GS_GPT_TEXT:-/usr/share/games/fortunes/cookie}
+if ! cp "$text" "$out/product/text/cookie"; then
+  echo "prepare.sh: the GPT example's text $text is missing (apt-get install fortunes)" >&2
+  exit 1
+fi
+chmod -R a+rX "$out/product"
 cd "$out"
 echo "prepare.sh: bundle ready in $(pwd) ($(du -sh . | cut -f1)); carry '$out' to the GPU machine"

@@ -10,6 +10,8 @@
 #     --device D    the device the vdevs are on (default gpu0)
 #     --data DIR    Fashion-MNIST's four .gz IDX files (default
 #                   /usr/share/datasets/fashion-mnist)
+#     --text FILE   the text the GPT example trains on (default Debian's
+#                   fortunes, /usr/share/games/fortunes/cookie)
 #     --steps N     optimizer steps of each example job (default 300)
 #     --parts "A B" only these parts (devices always runs first)
 #   $GS_CUDA_PLUGIN names the plugin the executor loads (check.sh's build).
@@ -18,8 +20,9 @@
 # "PART NAME: PASS" or "PART NAME: FAIL (n of m checks)":
 #   devices   the daemon lists DEVICE; two tenants, vdevs a0 (compute 75)
 #             and b0 (compute 25) on it
-#   examples  the Fashion-MNIST MLP and CNN in FLOAT32 and MIXED_BFLOAT16
-#             and the MobileNet in MIXED_FLOAT16, each through
+#   examples  the Fashion-MNIST MLP and CNN in FLOAT32 and MIXED_BFLOAT16,
+#             the MobileNet in MIXED_FLOAT16, the ResNet in MIXED_BFLOAT16
+#             and the text GPT in MIXED_BFLOAT16, each through
 #             `gpuctl submit --watch` as tenant a, to SUCCEEDED
 #   peaks     planned against measured peak memory of each of those jobs
 #             (the allocator's peak must be within 5% of the plan)
@@ -38,11 +41,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 BIN= DEV=gpu0 DATA=/usr/share/datasets/fashion-mnist STEPS=300 PARTS=
+TEXT=/usr/share/games/fortunes/cookie
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) BIN=$2; shift 2 ;;
     --device) DEV=$2; shift 2 ;;
     --data) DATA=$2; shift 2 ;;
+    --text) TEXT=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --parts) PARTS=" $2 "; shift 2 ;;
     *) echo "product.sh: unknown argument $1" >&2; exit 2 ;;
@@ -119,13 +124,17 @@ stop_daemon() {
 }
 
 # job NAME MODEL PRECISION VDEV STEPS [TEXT...]: T/NAME.pb from the shipped
-# example, its IDX files from DATA, STEPS optimizer steps.
+# example (fashion-MODEL, or text-gpt for gpt), its IDX files from DATA
+# (its text from TEXT), STEPS optimizer steps.
 job() {
   local name=$1 model=$2 prec=$3 vdev=$4 steps=$5; shift 5
-  local batch="batch_size: 128"; [[ "$*" == *batch_size* ]] && batch=
+  local batch="batch_size: 128" src=$ROOT/examples/fashion-$model.txtpb
+  [ "$model" = gpt ] && batch="batch_size: 32" src=$ROOT/examples/text-gpt.txtpb
+  [[ "$*" == *batch_size* ]] && batch=
   sed -e '/^name:/d;/^precision:/d;/^epochs:/d;/^batch_size:/d' \
       -e "s#\"\\([a-z0-9]*-[a-z0-9-]*-ubyte.gz\\)\"#\"$DATA/\\1\"#g" \
-      "$ROOT/examples/fashion-$model.txtpb" >"$T/$name.txtpb"
+      -e "s#\"/usr/share/games/fortunes/cookie\"#\"$TEXT\"#" \
+      "$src" >"$T/$name.txtpb"
   echo "name: \"$name\" vdev: \"$vdev\" precision: $prec epochs: 1000 max_steps: $steps $batch $*" >>"$T/$name.txtpb"
   ctl job encode "$T/$name.txtpb" -o "$T/$name.pb" >/dev/null && chmod 644 "$T/$name.pb"
 }
@@ -146,7 +155,8 @@ part_devices() {
 EXAMPLE_IDS=
 part_examples() {
   local spec name model prec id
-  for spec in mlp:FLOAT32 mlp:MIXED_BFLOAT16 cnn:FLOAT32 cnn:MIXED_BFLOAT16 mobilenet:MIXED_FLOAT16; do
+  for spec in mlp:FLOAT32 mlp:MIXED_BFLOAT16 cnn:FLOAT32 cnn:MIXED_BFLOAT16 mobilenet:MIXED_FLOAT16 \
+      resnet:MIXED_BFLOAT16 gpt:MIXED_BFLOAT16; do
     model=${spec%%:*} prec=${spec#*:} name=$model-$(echo "$prec" | tr 'A-Z_' 'a-z-')
     job "$name" "$model" "$prec" a0 "$STEPS" || { bad "$name: could not write the job"; continue; }
     local t0=$SECONDS
