@@ -1,12 +1,14 @@
 #!/bin/sh
-# bench_train.sh: gpushare-run against PyTorch on the three Fashion-MNIST
-# examples (MLP, CNN, small MobileNet), same recipe, same thread count, CPU.
+# bench_train.sh: gpushare-run against PyTorch on the examples: the four
+# Fashion-MNIST ones (MLP, CNN, small MobileNet, small ResNet) and the
+# byte-level GPT on Debian's fortunes, same recipe, same thread count, CPU.
 #
-# Prints, per example, training samples/s of both, their ratio, and both test
-# accuracies. A benchmark, never a test: nothing here is asserted in ctest.
+# Prints, per example, training samples/s of both (tokens/s for the GPT),
+# their ratio, and both test accuracies (the GPT: both held-out losses, in
+# nats a byte). A benchmark, never a test: nothing here is asserted in ctest.
 #
 # usage: tests/bench/bench_train.sh [BUILD_DIR]     (BUILD_DIR: build/)
-#   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet" ROUNDS=1
+#   EPOCHS=1 THREADS=2 MAX_STEPS=0 MODELS="mlp cnn mobilenet resnet gpt" ROUNDS=1
 #   SEEDS="" TORCH_START=gpushare to change
 #   the run. ROUNDS=N runs both sides N times, alternating, and takes each
 #   side's best samples/s: on a shared machine the load of the moment moves
@@ -32,7 +34,7 @@ build=${1:-$src/build}
 EPOCHS=${EPOCHS:-1}
 THREADS=${THREADS:-2}
 MAX_STEPS=${MAX_STEPS:-0}
-MODELS=${MODELS:-"mlp cnn mobilenet"}
+MODELS=${MODELS:-"mlp cnn mobilenet resnet gpt"}
 ROUNDS=${ROUNDS:-1}
 SEEDS=${SEEDS:-}
 PROTOC=${PROTOC:-protoc}
@@ -66,20 +68,23 @@ fi
 : > "$tmp/seeds"
 printf '%-10s %14s %14s %8s %10s %10s\n' model gpushare/s torch/s ratio acc_gs acc_torch | tee "$tmp/table"
 for m in $MODELS; do
-  [ -f "$build/examples/fashion-$m.pb" ] || { echo "bench_train: $build/examples/fashion-$m.pb missing" >&2; exit 1; }
+  ex=fashion-$m       # the example's file name; the GPT's counts tokens and reports losses
+  per=1 key=test_accuracy
+  if [ "$m" = gpt ]; then ex=text-gpt per=64 key=test_loss; fi
+  [ -f "$build/examples/$ex.pb" ] || { echo "bench_train: $build/examples/$ex.pb missing" >&2; exit 1; }
   ms=""
   [ "$MAX_STEPS" != 0 ] && ms="--max-steps $MAX_STEPS"
   sched=constant  # the example's learning-rate schedule, for the peer too
-  grep -q 'kind: COSINE' "$src/examples/fashion-$m.txtpb" && sched=cosine
-  own=$(sed -n 's/^seed: *\([0-9]*\).*/\1/p' "$src/examples/fashion-$m.txtpb")
+  grep -q 'kind: COSINE' "$src/examples/$ex.txtpb" && sched=cosine
+  own=$(sed -n 's/^seed: *\([0-9]*\).*/\1/p' "$src/examples/$ex.txtpb")
   gs_sps=0; pt_sps=0; gs_accs=; pt_accs=
   for seed in ${SEEDS:-${own:-1}}; do
-    job=$build/examples/fashion-$m.pb
+    job=$build/examples/$ex.pb
     if [ -n "$SEEDS" ]; then
-      grep -q '^seed:' "$src/examples/fashion-$m.txtpb" ||
-        { echo "bench_train: examples/fashion-$m.txtpb has no top-level seed: line to replace" >&2; exit 1; }
-      job=$tmp/fashion-$m.$seed.pb
-      sed "s/^seed: .*/seed: $seed/" "$src/examples/fashion-$m.txtpb" |
+      grep -q '^seed:' "$src/examples/$ex.txtpb" ||
+        { echo "bench_train: examples/$ex.txtpb has no top-level seed: line to replace" >&2; exit 1; }
+      job=$tmp/$ex.$seed.pb
+      sed "s/^seed: .*/seed: $seed/" "$src/examples/$ex.txtpb" |
         "$PROTOC" --encode=gpushare.v1.JobSpec --proto_path="$src/proto" gpushare.proto > "$job"
     fi
     gs_acc=; pt_acc=
@@ -89,14 +94,19 @@ for m in $MODELS; do
       # shellcheck disable=SC2086
       "$run" "$job" --json --epochs "$EPOCHS" --threads "$THREADS" $ms > "$tmp/gs.$m" 2> "$tmp/gs.$m.err" ||
         { echo "bench_train: gpushare-run failed on $m:" >&2; cat "$tmp/gs.$m.err" >&2; exit 1; }
-      gs_sps=$("$PY" -c "print(max($gs_sps, $(jget "$tmp/gs.$m" samples_per_second)))")
-      [ -n "$gs_acc" ] || gs_acc=$(jget "$tmp/gs.$m" test_accuracy)
+      gs_sps=$("$PY" -c "print(max($gs_sps, $per * $(jget "$tmp/gs.$m" samples_per_second)))")
+      [ -n "$gs_acc" ] || gs_acc=$(jget "$tmp/gs.$m" $key)
       if [ $have_torch = 1 ]; then
-        "$PY" "$here/torch_ref.py" "$m" --epochs "$EPOCHS" --threads "$THREADS" --batch 128 \
-          --max-steps "$MAX_STEPS" --schedule "$sched" --start "$TORCH_START" \
-          --seed "$seed" > "$tmp/pt.$m"
-        pt_sps=$("$PY" -c "print(max($pt_sps, $(jget "$tmp/pt.$m" samples_per_second)))")
-        [ -n "$pt_acc" ] || pt_acc=$(jget "$tmp/pt.$m" test_accuracy)
+        # The three first examples by name (batch 128), the others by their
+        # spec (its batch and schedule).
+        case $m in
+          mlp|cnn|mobilenet) set -- "$m" --batch 128 --schedule "$sched" ;;
+          *) set -- --spec "$src/examples/$ex.txtpb" ;;
+        esac
+        "$PY" "$here/torch_ref.py" "$@" --epochs "$EPOCHS" --threads "$THREADS" \
+          --max-steps "$MAX_STEPS" --start "$TORCH_START" --seed "$seed" > "$tmp/pt.$m"
+        pt_sps=$("$PY" -c "print(max($pt_sps, $per * $(jget "$tmp/pt.$m" samples_per_second)))")
+        [ -n "$pt_acc" ] || pt_acc=$(jget "$tmp/pt.$m" $key)
       fi
     done
     gs_accs="$gs_accs $gs_acc"
@@ -124,7 +134,7 @@ done
   [ $have_torch = 1 ] || echo "(PyTorch not found: apt-get install python3-torch for the peer numbers)"
   best="best of $ROUNDS round(s) each"
   [ -n "$SEEDS" ] && best="best of $((ROUNDS * nseeds)) runs each ($ROUNDS round(s) x $nseeds seeds)"
-  echo "epochs $EPOCHS, threads $THREADS, batch 128, CPU, $best; ratio = gpushare / torch samples/s (training steps only); PyTorch started from $TORCH_START's initial weights and data order"
+  echo "epochs $EPOCHS, threads $THREADS, each example's batch (128; the GPT 32 sequences of 64 bytes), CPU, $best; ratio = gpushare / torch samples/s (training steps only; the GPT: tokens/s, and its acc columns hold the held-out loss in nats a byte); PyTorch started from $TORCH_START's initial weights and data order"
 } | tee -a "$tmp/table"
 gs_bench_record bench_train "bench_train.sh: gpushare-run against PyTorch" "$tmp/table" \
   "EPOCHS=$EPOCHS THREADS=$THREADS MAX_STEPS=$MAX_STEPS MODELS=\"$MODELS\" ROUNDS=$ROUNDS SEEDS=\"$SEEDS\" TORCH_START=$TORCH_START"
