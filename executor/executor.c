@@ -1579,6 +1579,10 @@ int main(int argc, char **argv) {
   if (!strcmp(device, "cpu")) {
     X.b = gs_backend_cpu();
     X.device_index = 0;
+    const char *isa;
+    char why[192];
+    if (gs_cpu_isa_status(&isa, why, sizeof why))
+      logf_("%s; the cpu kernels run at %s", why, isa);
   } else if (!strncmp(device, "gpu", 3)) {
     long index;
     if (parse_int(device + 3, 0, 1023, &index))

@@ -162,7 +162,12 @@ struct gs_backend {
                          const gs_conv_shape *s, void *ws);
 
   /* ---- depthwise conv2d (multiplier 1): in (N, H, W, C), w (KH, KW, C),
-   *      b (C), out (N, OH, OW, C); s->f == s->c ---- */
+   *      b (C), out (N, OH, OW, C); s->f == s->c. In bf16 on a CPU with
+   *      AVX512-BF16 the cpu backend's forward and stride-1 input gradient
+   *      multiply bf16 pairs natively (vdpbf16ps: subnormal inputs as zero,
+   *      its own rounding of each pair's sum), each output within 2^-8 of
+   *      the sum of its terms' magnitudes of the exact value, and the same
+   *      bits on any thread count ---- */
   size_t (*depthwise_workspace)(gs_dtype dt, const gs_conv_shape *s);
   int (*depthwise_forward)(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                            const void *w, const void *b, const gs_conv_shape *s, void *ws,
@@ -421,5 +426,13 @@ struct gs_backend {
 
 /* The CPU backend: always available. */
 gs_backend *gs_backend_cpu(void);
+
+/* The instruction-set level the CPU backend's own loops run at (*name:
+ * "baseline", "avx2", "avx512" or "avx512bf16"; the GEMMs are OpenBLAS's
+ * own choice): the highest this CPU has, or the lower one the environment
+ * variable GS_CPU_ISA names. Returns 0, or -EINVAL with why (a sentence
+ * naming the variable, its value and what is allowed) when GS_CPU_ISA
+ * names no level or one this CPU lacks; the highest runs then. */
+int gs_cpu_isa_status(const char **name, char *why, size_t why_len);
 
 #endif

@@ -645,10 +645,9 @@ void gs_dataset_gather_tokens(const gs_dataset *d, const uint64_t *idx, uint32_t
 /* Examples the gather asks memory for ahead of the one it converts. */
 #define GATHER_AHEAD 4
 
-/* Built for x86-64-v3 and the baseline and picked at load, as the cpu
- * backend's hot loops are (kernels/cpu/cpu_internal.h, GS_CPU_HOT): the
+/* Built for x86-64-v3 and the baseline and picked at load (an ifunc): the
  * same bits from both, the division 8 pixels at a time where AVX exists.
- * GCC only, as there (clang 14 would leave callers in other files unlinked). */
+ * GCC only (clang 14 would leave callers in other files unlinked). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(GS_NO_TARGET_CLONES)
 __attribute__((target_clones("arch=x86-64-v3", "default")))

@@ -491,6 +491,13 @@ int main(int argc, char **argv) {
     }
   }
   if (!job) return bad_flag("JOB.pb", NULL, "missing: the job file to run");
+  /* the cpu backend's instruction-set level: GS_CPU_ISA may only lower it */
+  const char *isa = NULL;
+  char isa_why[192];
+  if (gs_cpu_isa_status(&isa, isa_why, sizeof isa_why)) {
+    fprintf(stderr, "gpushare-run: %s\n", isa_why);
+    return 2;
+  }
 
   gs_err e;
   gs_err_clear(&e);
@@ -684,6 +691,9 @@ int main(int argc, char **argv) {
            "\"accumulation_steps\":%u,\"parameters\":%" PRIu64 ",\"threads\":%d,",
            res.skipped_steps, gs_precision_name(r->precision), r->batch_size,
            r->accumulation_steps, gm->param_count, opt.threads);
+    printf("\"cpu_isa\":");
+    json_str(isa);
+    putchar(',');
     json_num("seconds", secs, true);
     printf(",\"cancelled\":%s}\n", res.cancelled ? "true" : "false");
   }

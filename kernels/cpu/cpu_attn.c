@@ -99,7 +99,7 @@ struct emb_bwd {
 };
 
 /* channel blocks [lo, hi) of every dtable row, tokens in order */
-GS_CPU_HOT static void emb_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(emb_bwd_part, ctx, lo, hi, isa) {
   const struct emb_bwd *j = ctx;
   size_t c0 = lo * GS_CPU_EMB_CB, c1 = hi * GS_CPU_EMB_CB;
   if (c1 > j->c)
@@ -132,7 +132,7 @@ int gs_cpu_embedding_backward(gs_exec *ex, gs_dtype dt, float *dtable, const voi
   struct emb_bwd j = {.dt = dt, .dtable = dtable, .dout = dout, .ids = ids, .rows = rows,
                       .c = c};
   size_t blocks = (c + GS_CPU_EMB_CB - 1) / GS_CPU_EMB_CB;
-  gs_cpu_parallel(ex, blocks, emb_grain(blocks, (size_t)rows * c), emb_bwd_part, &j);
+  gs_cpu_parallel(ex, blocks, emb_grain(blocks, (size_t)rows * c), GS_CPU_PICK(emb_bwd_part), &j);
   return 0;
 }
 
@@ -146,7 +146,7 @@ struct pos_fwd {
 };
 
 /* rows [lo, hi) of (N*T, C): out = in + pos[row % T] */
-GS_CPU_HOT static void pos_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(pos_fwd_part, ctx, lo, hi, isa) {
   const struct pos_fwd *j = ctx;
   float a[GS_CPU_CB], p[GS_CPU_CB];
   for (size_t r = lo; r < hi; r++) {
@@ -178,7 +178,7 @@ int gs_cpu_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
   if (rows == 0 || c == 0)
     return 0;
   struct pos_fwd j = {.dt = dt, .out = out, .in = in, .pos = pos, .t = t, .c = c};
-  gs_cpu_parallel(ex, rows, (GS_CPU_EMB_GRAIN + c - 1) / c, pos_fwd_part, &j);
+  gs_cpu_parallel(ex, rows, (GS_CPU_EMB_GRAIN + c - 1) / c, GS_CPU_PICK(pos_fwd_part), &j);
   return 0;
 }
 
@@ -191,7 +191,7 @@ struct pos_bwd {
 };
 
 /* elements [lo, hi) * GS_CPU_EMB_CB of dpos (T*C) += dout over n, in order */
-GS_CPU_HOT static void pos_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(pos_bwd_part, ctx, lo, hi, isa) {
   const struct pos_bwd *j = ctx;
   size_t e0 = lo * GS_CPU_EMB_CB, e1 = hi * GS_CPU_EMB_CB;
   if (e1 > j->tc)
@@ -223,7 +223,7 @@ int gs_cpu_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
     return 0;
   struct pos_bwd j = {.dt = dt, .dpos = dpos, .dout = dout, .tc = tc, .n = n};
   size_t blocks = (tc + GS_CPU_EMB_CB - 1) / GS_CPU_EMB_CB;
-  gs_cpu_parallel(ex, blocks, emb_grain(blocks, tc * n), pos_bwd_part, &j);
+  gs_cpu_parallel(ex, blocks, emb_grain(blocks, tc * n), GS_CPU_PICK(pos_bwd_part), &j);
   if (din && din != dout)
     memmove(din, dout, tc * n * gs_dtype_size(dt));
   return 0;

@@ -337,7 +337,7 @@ struct bias_grad_job {
   size_t m, f;
 };
 
-GS_CPU_HOT static void bias_grad_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bias_grad_part, ctx, lo, hi, isa) {
   const struct bias_grad_job *j = ctx;
   size_t c0 = lo * GS_CPU_GEMM_BLOCK, c1 = hi * GS_CPU_GEMM_BLOCK;
   if (c1 > j->f)
@@ -352,14 +352,14 @@ GS_CPU_HOT static void bias_grad_part(void *ctx, size_t lo, size_t hi) {
 
 void gs_cpu_bias_grad_here(float *db, const float *dout, size_t m, size_t f) {
   struct bias_grad_job j = {.db = db, .dout = dout, .m = m, .f = f};
-  bias_grad_part(&j, 0, (f + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK);
+  GS_CPU_PICK(bias_grad_part)(&j, 0, (f + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK);
 }
 
 void gs_cpu_bias_grad(gs_exec *ex, float *db, const float *dout, size_t m, size_t f) {
   struct bias_grad_job j = {.db = db, .dout = dout, .m = m, .f = f};
   size_t blocks = (f + GS_CPU_GEMM_BLOCK - 1) / GS_CPU_GEMM_BLOCK;
   size_t grain = blocks * GS_CPU_GEMM_BLOCK * m < ((size_t)1 << 15) ? blocks : 1;
-  gs_cpu_parallel(ex, blocks, grain, bias_grad_part, &j);
+  gs_cpu_parallel(ex, blocks, grain, GS_CPU_PICK(bias_grad_part), &j);
 }
 
 /* ---- device and memory ---- */

@@ -19,11 +19,12 @@
  * Depthwise, pooling and GAP are direct loops with the channel innermost,
  * as NHWC lays it out: pooling and GAP accumulate a block of up to
  * GS_CPU_CB channels on the stack and the compiler vectorises across it;
- * depthwise in fp32 keeps up to 64 channels in vector registers (gs_v8),
- * the rest runs the same loops a block of 8 at a time. Forward ops split
+ * depthwise in fp32 keeps up to 8 blocks of channels in vector registers
+ * (8 floats a block, 16 in the AVX-512 clones: cpu_dw_chunk.h), the rest
+ * runs the same loops a block of 8 at a time. Forward ops split
  * output rows over threads; depthwise dw/db split channels (each thread
  * owns its slice of dw, so no reduction), din splits input rows. The hot
- * loops are built for AVX2 and for the baseline (GS_CPU_HOT). im2col
+ * loops are built for AVX-512, AVX2 and the baseline (GS_CPU_RANGE). im2col
  * copies each window row that lies inside the image as one run: its taps
  * read consecutive input pixels.
  */
@@ -107,7 +108,7 @@ static inline void fill0(float *restrict d, long n) {
 /* rows [lo, hi) of the chunk: one output pixel each, KH*KW*C wide. The
  * taps of one window row that fall inside the image read consecutive input
  * pixels, so each window row is one copy (and the rest zeros). */
-GS_CPU_HOT static void im2col_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(im2col_part, ctx, lo, hi, isa) {
   const struct im2col_job *j = ctx;
   const geo *g = j->g;
   long p = g->oh * g->ow, k = g->kh * g->kw * g->c, rowlen = g->kw * g->c;
@@ -140,7 +141,7 @@ GS_CPU_HOT static void im2col_part(void *ctx, size_t lo, size_t hi) {
 static void im2col(gs_exec *ex, gs_dtype dt, const geo *g, const void *in, float *col, long n0,
                    long nc) {
   struct im2col_job j = {.dt = dt, .g = g, .in = in, .col = col, .n0 = n0};
-  gs_cpu_parallel(ex, (size_t)(nc * g->oh * g->ow), 256, im2col_part, &j);
+  gs_cpu_parallel(ex, (size_t)(nc * g->oh * g->ow), 256, GS_CPU_PICK(im2col_part), &j);
 }
 
 struct col2im_job {
@@ -153,7 +154,7 @@ struct col2im_job {
 
 /* input rows [lo, hi) of the chunk (image-major): gather every window
  * element that read each input pixel */
-GS_CPU_HOT static void col2im_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(col2im_part, ctx, lo, hi, isa) {
   const struct col2im_job *j = ctx;
   const geo *g = j->g;
   long k = g->kh * g->kw * g->c;
@@ -280,7 +281,7 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
     if (din) {
       gs_cpu_sgemm(ex, false, true, m, k, f, 1.0f, d, f, wf, f, 0.0f, col, k);
       struct col2im_job j = {.dt = dt, .g = &g, .col = col, .din = din, .n0 = n0};
-      gs_cpu_parallel(ex, (size_t)(nc * g.h), 4, col2im_part, &j);
+      gs_cpu_parallel(ex, (size_t)(nc * g.h), 4, GS_CPU_PICK(col2im_part), &j);
     }
   }
   return 0;
@@ -315,8 +316,8 @@ struct dw_job {
  * terms in the same order (bias, then the taps row by row), so a block's
  * results are those of the plain loop, bit for bit. */
 
-/* Blocks the fp32 loops take at once (64 channels: a quarter of the
- * registers as accumulators). */
+/* Blocks the fp32 loops take at once (64 channels at 8 floats a block, 128
+ * at 16: a quarter of the registers as accumulators). */
 #define DW_CHUNK 8
 
 
@@ -359,52 +360,53 @@ dw_fwd_block(const struct dw_job *j, long img, long oy, long ox, long ky0, long 
   store_block(j->dt, j->dst, (size_t)(((img * g->oh + oy) * g->ow + ox) * g->c + c0), acc, cb);
 }
 
-/* acc[b] += a[b] * w[b] for nb blocks of GS_CPU_VB floats (pointers, so no
- * vector crosses a call boundary; always inlined) */
-static inline __attribute__((always_inline)) void v8_mac(gs_v8 *acc, const float *a,
-                                                         const float *w, long nb) {
-  gs_v8 x, y;
-  for (long b = 0; b < nb; b++) {
-    GS_V8_LOAD(x, a + b * GS_CPU_VB);
-    GS_V8_LOAD(y, w + b * GS_CPU_VB);
-    acc[b] += x * y;
-  }
+/* The fp32 wgrad loop keeps dw of up to DW_LOCAL_TAPS taps x DW_CHUNK
+ * blocks of channels on its stack (12.5 KiB at most; 25 KiB at 16 floats a
+ * block). */
+#define DW_LOCAL_TAPS 49
+
+/* Whole blocks of vw floats in `left` channels, at most DW_CHUNK: the next
+ * chunk of a chunked loop */
+static inline long dw_blocks(long left, long vw) {
+  return left / vw < DW_CHUNK ? left / vw : DW_CHUNK;
 }
 
-static inline __attribute__((always_inline)) void v8_store_n(float *o, const gs_v8 *acc,
-                                                             long nb) {
-  for (long b = 0; b < nb; b++)
-    GS_V8_STORE(o + b * GS_CPU_VB, acc[b]);
-}
+/* call(nb, ...) with nb as a constant (1..DW_CHUNK): each chunk loop is
+ * then unrolled whole and its accumulators kept in registers, which the
+ * AVX-512 clones do not do for a variable count (they mask the tail and
+ * keep the array on the stack) */
+#define DW_CALL_NB(fn, nb, ...)                                                                \
+  do {                                                                                         \
+    switch (nb) {                                                                              \
+    case 1: fn(__VA_ARGS__, 1); break;                                                         \
+    case 2: fn(__VA_ARGS__, 2); break;                                                         \
+    case 3: fn(__VA_ARGS__, 3); break;                                                         \
+    case 4: fn(__VA_ARGS__, 4); break;                                                         \
+    case 5: fn(__VA_ARGS__, 5); break;                                                         \
+    case 6: fn(__VA_ARGS__, 6); break;                                                         \
+    case 7: fn(__VA_ARGS__, 7); break;                                                         \
+    default: fn(__VA_ARGS__, DW_CHUNK); break;                                                 \
+    }                                                                                          \
+  } while (0)
 
-/* the same for fp32 and nb <= DW_CHUNK whole blocks from c0: the
- * accumulators stay in registers, and each tap reads all nb blocks of its
- * input row at once */
-static inline __attribute__((always_inline)) void
-dw_fwd_chunk_f32(const struct dw_job *j, long img, long oy, long ox, long ky0, long ky1, long kx0,
-                 long kx1, long c0, long nb) {
-  const geo *g = j->g;
-  gs_v8 acc[DW_CHUNK];
-  for (long b = 0; b < nb; b++) {
-    if (j->bf)
-      GS_V8_LOAD(acc[b], j->bf + c0 + b * GS_CPU_VB);
-    else
-      acc[b] = (gs_v8){0};
-  }
-  for (long ky = ky0; ky < ky1; ky++) {
-    long iy = oy * g->stride - g->pt + ky;
-    const float *xr = (const float *)j->src + (img * g->h + iy) * g->w * g->c + c0;
-    for (long kx = kx0; kx < kx1; kx++) {
-      const float *xp = xr + (ox * g->stride - g->pl + kx) * g->c;
-      const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
-      v8_mac(acc, xp, wp, nb);
-    }
-  }
-  v8_store_n((float *)j->dst + ((img * g->oh + oy) * g->ow + ox) * g->c + c0, acc, nb);
-}
+/* The chunked fp32 loops, at 8 floats a block and at 16 (cpu_dw_chunk.h) */
+#define DW_VT gs_v8
+#define DW_VW GS_CPU_VB
+#define DW_NAME(x) x##_v8
+#include "kernels/cpu/cpu_dw_chunk.h"
+#undef DW_VT
+#undef DW_VW
+#undef DW_NAME
+#define DW_VT gs_v16
+#define DW_VW 16
+#define DW_NAME(x) x##_v16
+#include "kernels/cpu/cpu_dw_chunk.h"
+#undef DW_VT
+#undef DW_VW
+#undef DW_NAME
 
 /* output rows (img, oy) [lo, hi) */
-GS_CPU_HOT static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(dw_fwd_part, ctx, lo, hi, isa) {
   const struct dw_job *j = ctx;
   const geo *g = j->g;
   long cfull = g->c - g->c % GS_CPU_VB;
@@ -415,10 +417,12 @@ GS_CPU_HOT static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
       long kx0, kx1;
       tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
       long c0 = 0;
+      if (j->dt == GS_F32 && isa >= GS_CPU_ISA_AVX512)
+        for (long nb; (nb = dw_blocks(g->c - c0, 16)) > 0; c0 += nb * 16)
+          DW_CALL_NB(dw_fwd_chunk_v16, nb, j, img, oy, ox, ky0, ky1, kx0, kx1, c0);
       if (j->dt == GS_F32)
-        for (; c0 < cfull; c0 += DW_CHUNK * GS_CPU_VB)
-          dw_fwd_chunk_f32(j, img, oy, ox, ky0, ky1, kx0, kx1, c0,
-                           cfull - c0 < DW_CHUNK * GS_CPU_VB ? (cfull - c0) / GS_CPU_VB : DW_CHUNK);
+        for (long nb; (nb = dw_blocks(cfull - c0, GS_CPU_VB)) > 0; c0 += nb * GS_CPU_VB)
+          DW_CALL_NB(dw_fwd_chunk_v8, nb, j, img, oy, ox, ky0, ky1, kx0, kx1, c0);
       for (; c0 < cfull; c0 += GS_CPU_VB)
         dw_fwd_block(j, img, oy, ox, ky0, ky1, kx0, kx1, c0, GS_CPU_VB);
       if (cfull < g->c)
@@ -430,6 +434,145 @@ GS_CPU_HOT static void dw_fwd_part(void *ctx, size_t lo, size_t hi) {
   }
 }
 
+/* ---- depthwise in bf16 on AVX512-BF16 ----
+ *
+ * With bf16 storage at the avx512bf16 level, the forward and the stride-1
+ * input gradient take their inner products with vdpbf16ps, which
+ * multiplies 16 pairs of bf16 and adds both products of each pair to an
+ * fp32 lane. A pair is two taps of one channel: the weights are paired
+ * once per call into the workspace (tap 2q in the low half, 2q+1 in the
+ * high one, 0 past the last tap), the input pixels of the two taps are
+ * interleaved the same way per output (a pixel outside the image reads
+ * as 0). Each output lane starts from the bias and adds its pairs in
+ * window order. vdpbf16ps adds the high product first, treats subnormal
+ * inputs as zero and flushes a subnormal result, so the fp32 sum differs
+ * in its low bits from the one-tap-at-a-time loops; after the rounding to
+ * bf16 on store each output is within 2^-8 of the fp32 reference's value,
+ * relative to the sum of the magnitudes of its terms (test_kernels_isa),
+ * and, being a fixed order over one output, the bits depend neither on the
+ * thread count nor on the run. */
+#if GS_CPU_X86_TARGETS
+#include <immintrin.h>
+
+/* Windows of at most this many taps take the native path (the tap list of
+ * one output sits on the stack). */
+#define DW_BF16_MAX_TAPS 64
+
+static bool dw_bf16_native(gs_dtype dt, const geo *g) {
+  return dt == GS_BF16 && gs_cpu_isa() >= GS_CPU_ISA_AVX512BF16 &&
+         g->kh * g->kw <= DW_BF16_MAX_TAPS;
+}
+
+/* w (T, C) bf16 -> wp (ceil(T/2), C) pairs of 32 bits; flip: tap T-1-t in
+ * place of tap t (the input gradient walks the window backwards) */
+static void dw_bf16_pair(uint32_t *wp, const uint16_t *w, long taps, long c, bool flip) {
+  for (long q = 0; q < (taps + 1) / 2; q++)
+    for (long ch = 0; ch < c; ch++) {
+      long t0 = 2 * q, t1 = 2 * q + 1;
+      uint32_t lo = w[(flip ? taps - 1 - t0 : t0) * c + ch];
+      uint32_t hi = t1 < taps ? w[(flip ? taps - 1 - t1 : t1) * c + ch] : 0;
+      wp[q * c + ch] = lo | hi << 16;
+    }
+}
+
+static const uint16_t dw_bf16_zeros[16];
+
+/* the fp32 lanes of v rounded to bf16 (nearest even, NaN kept quiet: the
+ * bits of gs_cpu_store_f32), after relu where asked, stored under k */
+GS_CPU_TARGET_AVX512BF16 static inline void dw_bf16_store(uint16_t *d, __m512 v, bool relu,
+                                                          __mmask16 k) {
+  if (relu) /* gs_cpu_relu1: kept when > 0 or NaN */
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v);
+  __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
+  __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                          _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_mask_storeu_epi16(d, k, _mm512_cvtepi32_epi16(r));
+}
+
+/* out (or din) at one pixel: acc = bias (or 0) + the pairs of the taps
+ * whose inputs src[q] point at (NULL: outside, reads 0), all channels */
+GS_CPU_TARGET_AVX512BF16 static void dw_bf16_pixel(uint16_t *dst, const uint16_t *const *src,
+                                                   long ntap, const uint32_t *wp,
+                                                   const float *bias, long c, bool relu) {
+  for (long c0 = 0; c0 < c; c0 += 16) {
+    __mmask16 k = c - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - c0)) - 1);
+    __m512 acc = bias ? _mm512_maskz_loadu_ps(k, bias + c0) : _mm512_setzero_ps();
+    for (long q = 0; 2 * q < ntap; q++) {
+      const uint16_t *a = src[2 * q] ? src[2 * q] + c0 : dw_bf16_zeros;
+      const uint16_t *b = 2 * q + 1 < ntap && src[2 * q + 1] ? src[2 * q + 1] + c0 : dw_bf16_zeros;
+      __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, a));
+      __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, b));
+      __m512i x = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      __m512i w = _mm512_maskz_loadu_epi32(k, wp + q * c + c0);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+    }
+    dw_bf16_store(dst + c0, acc, relu, k);
+  }
+}
+
+struct dw_bf16_job {
+  const geo *g;
+  uint16_t *dst;
+  const uint16_t *src;
+  const uint32_t *wp; /* the paired weights */
+  const float *bias;  /* fp32, or NULL */
+  bool relu;
+};
+
+/* forward: output rows (img, oy) [lo, hi); taps in window order */
+static void dw_bf16_fwd_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_bf16_job *j = ctx;
+  const geo *g = j->g;
+  const uint16_t *src[DW_BF16_MAX_TAPS];
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->oh, oy = item % g->oh;
+    for (long ox = 0; ox < g->ow; ox++) {
+      for (long ky = 0; ky < g->kh; ky++)
+        for (long kx = 0; kx < g->kw; kx++) {
+          long iy = oy * g->stride - g->pt + ky, ix = ox * g->stride - g->pl + kx;
+          bool in = iy >= 0 && iy < g->h && ix >= 0 && ix < g->w;
+          src[ky * g->kw + kx] = in ? j->src + ((img * g->h + iy) * g->w + ix) * g->c : NULL;
+        }
+      dw_bf16_pixel(j->dst + ((img * g->oh + oy) * g->ow + ox) * g->c, src, g->kh * g->kw,
+                    j->wp, j->bias, g->c, j->relu);
+    }
+  }
+}
+
+/* input gradient, stride 1: input rows (img, iy) [lo, hi); din(iy, ix)
+ * gathers dout(iy + pt - ky, ix + pl - kx) * w(ky, kx), walked from the
+ * last tap to the first so the output pixels go in order */
+static void dw_bf16_dgrad_part(void *ctx, size_t lo, size_t hi) {
+  const struct dw_bf16_job *j = ctx;
+  const geo *g = j->g;
+  const uint16_t *src[DW_BF16_MAX_TAPS];
+  long taps = g->kh * g->kw;
+  for (long item = (long)lo; item < (long)hi; item++) {
+    long img = item / g->h, iy = item % g->h;
+    for (long ix = 0; ix < g->w; ix++) {
+      for (long t = 0; t < taps; t++) {
+        long ky = (taps - 1 - t) / g->kw, kx = (taps - 1 - t) % g->kw;
+        long oy = iy + g->pt - ky, ox = ix + g->pl - kx;
+        bool in = oy >= 0 && oy < g->oh && ox >= 0 && ox < g->ow;
+        src[t] = in ? j->src + ((img * g->oh + oy) * g->ow + ox) * g->c : NULL;
+      }
+      dw_bf16_pixel(j->dst + ((img * g->h + iy) * g->w + ix) * g->c, src, taps, j->wp, NULL,
+                    g->c, false);
+    }
+  }
+}
+#else
+static bool dw_bf16_native(gs_dtype dt, const geo *g) {
+  (void)dt, (void)g;
+  return false;
+}
+#endif
+
+
 /* in (N, H, W, C), w (KH, KW, C), b (C) or NULL, out (N, OH, OW, C); relu
  * as dense's (cpu_dense.c) */
 int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
@@ -437,6 +580,19 @@ int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in
                              bool relu) {
   geo g = geo_of(s, s->same);
   const float *wf = w, *bf = b;
+#if GS_CPU_X86_TARGETS
+  if (dw_bf16_native(dt, &g)) { /* pairs where w's fp32 copy would be, then b */
+    float *p = ws;
+    uint32_t *wp = ws;
+    dw_bf16_pair(wp, w, g.kh * g.kw, g.c, false);
+    if (b)
+      gs_cpu_load_f32(dt, b, p + g.kh * g.kw * g.c, (size_t)g.c);
+    struct dw_bf16_job j = {.g = &g, .dst = out, .src = in, .wp = wp,
+                            .bias = b ? p + g.kh * g.kw * g.c : NULL, .relu = relu};
+    gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, dw_bf16_fwd_part, &j);
+    return 0;
+  }
+#endif
   if (dt != GS_F32) {
     float *p = ws;
     gs_cpu_load_f32(dt, w, p, (size_t)(g.kh * g.kw * g.c));
@@ -448,7 +604,7 @@ int gs_cpu_depthwise_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in
   }
   struct dw_job j = {.dt = dt, .g = &g, .dst = out, .src = in, .wf = wf, .bf = bf,
                      .relu = relu};
-  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, dw_fwd_part, &j);
+  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, GS_CPU_PICK(dw_fwd_part), &j);
   return 0;
 }
 
@@ -487,78 +643,20 @@ static inline __attribute__((always_inline)) void dw_wgrad_block(const struct dw
     }
 }
 
-/* The fp32 wgrad loop keeps dw of up to DW_LOCAL_TAPS taps x DW_CHUNK
- * blocks of channels on its stack (12.5 KiB at most). */
-#define DW_LOCAL_TAPS 49
-
-/* the same for fp32, nb <= DW_CHUNK whole blocks from c0 and a window of at
- * most DW_LOCAL_TAPS taps: db's sums and dw's stay in an aligned array on
- * the stack, read from db and dw first and written back last, and each
- * pixel reads all nb blocks of its input row at once. (One block at a time
- * streamed the input once per block, using half of each cache line, and
- * adding straight into dw chained every pixel's load-add-store of a tap to
- * the previous one's through the store buffer.) */
-static inline __attribute__((always_inline)) void dw_wgrad_chunk_f32(const struct dw_job *j,
-                                                                     long c0, long nb) {
-  const geo *g = j->g;
-  const float *src = j->src, *in = j->in;
-  gs_v8 acc[DW_LOCAL_TAPS][DW_CHUNK], dbacc[DW_CHUNK], d[DW_CHUNK], x;
-  long taps = j->dw ? g->kh * g->kw : 0;
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < taps; t++)
-      GS_V8_LOAD(acc[t][b], j->dw + t * g->c + c0 + b * GS_CPU_VB);
-    if (j->db)
-      GS_V8_LOAD(dbacc[b], j->db + c0 + b * GS_CPU_VB);
-  }
-  for (long img = 0; img < g->n; img++)
-    for (long oy = 0; oy < g->oh; oy++) {
-      long ky0, ky1;
-      tap_range(oy, g->stride, g->pt, g->kh, g->h, &ky0, &ky1);
-      for (long ox = 0; ox < g->ow; ox++) {
-        const float *dp = src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
-        for (long b = 0; b < nb; b++) {
-          GS_V8_LOAD(d[b], dp + b * GS_CPU_VB);
-          dbacc[b] += d[b];
-        }
-        if (!taps)
-          continue;
-        long kx0, kx1;
-        tap_range(ox, g->stride, g->pl, g->kw, g->w, &kx0, &kx1);
-        for (long ky = ky0; ky < ky1; ky++) {
-          long iy = oy * g->stride - g->pt + ky;
-          const float *xr = in + (img * g->h + iy) * g->w * g->c + c0;
-          for (long kx = kx0; kx < kx1; kx++) {
-            long ix = ox * g->stride - g->pl + kx;
-            gs_v8 *ar = acc[ky * g->kw + kx];
-            for (long b = 0; b < nb; b++) {
-              GS_V8_LOAD(x, xr + ix * g->c + b * GS_CPU_VB);
-              ar[b] += d[b] * x;
-            }
-          }
-        }
-      }
-    }
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < taps; t++)
-      GS_V8_STORE(j->dw + t * g->c + c0 + b * GS_CPU_VB, acc[t][b]);
-    if (j->db)
-      GS_V8_STORE(j->db + c0 + b * GS_CPU_VB, dbacc[b]);
-  }
-}
-
 /* channels [lo*VB, hi*VB) of dw and db: this thread owns them */
-GS_CPU_HOT static void dw_wgrad_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(dw_wgrad_part, ctx, lo, hi, isa) {
   const struct dw_job *j = ctx;
   long clo = (long)lo * GS_CPU_VB, chi = (long)hi * GS_CPU_VB;
   if (chi > j->g->c)
     chi = j->g->c;
   long c0 = clo;
-  if (j->dt == GS_F32 && j->g->kh * j->g->kw <= DW_LOCAL_TAPS)
-    for (long nb; (nb = (chi - c0) / GS_CPU_VB) > 0; c0 += nb * GS_CPU_VB) {
-      if (nb > DW_CHUNK)
-        nb = DW_CHUNK;
-      dw_wgrad_chunk_f32(j, c0, nb);
-    }
+  bool chunked = j->dt == GS_F32 && j->g->kh * j->g->kw <= DW_LOCAL_TAPS;
+  if (chunked && isa >= GS_CPU_ISA_AVX512)
+    for (long nb; (nb = dw_blocks(chi - c0, 16)) > 0; c0 += nb * 16)
+      DW_CALL_NB(dw_wgrad_chunk_v16, nb, j, c0);
+  if (chunked)
+    for (long nb; (nb = dw_blocks(chi - c0, GS_CPU_VB)) > 0; c0 += nb * GS_CPU_VB)
+      DW_CALL_NB(dw_wgrad_chunk_v8, nb, j, c0);
   for (; c0 + GS_CPU_VB <= chi; c0 += GS_CPU_VB)
     dw_wgrad_block(j, c0, GS_CPU_VB);
   if (c0 < chi)
@@ -593,33 +691,8 @@ static inline __attribute__((always_inline)) void dw_dgrad_block(const struct dw
   store_block(j->dt, j->dst, (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), acc, cb);
 }
 
-/* the same for fp32 and nb <= DW_CHUNK whole blocks from c0 */
-static inline __attribute__((always_inline)) void dw_dgrad_chunk_f32(const struct dw_job *j,
-                                                                     long img, long iy, long ix,
-                                                                     long c0, long nb) {
-  const geo *g = j->g;
-  gs_v8 acc[DW_CHUNK];
-  for (long b = 0; b < nb; b++)
-    acc[b] = (gs_v8){0};
-  long ty0 = iy + g->pt, tx0 = ix + g->pl;
-  for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
-       ky += g->stride, oy--) {
-    if (oy >= g->oh)
-      continue;
-    for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
-         kx += g->stride, ox--) {
-      if (ox >= g->ow)
-        continue;
-      const float *dp = (const float *)j->src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
-      const float *wp = j->wf + (ky * g->kw + kx) * g->c + c0;
-      v8_mac(acc, dp, wp, nb);
-    }
-  }
-  v8_store_n((float *)j->dst + ((img * g->h + iy) * g->w + ix) * g->c + c0, acc, nb);
-}
-
 /* input rows (img, iy) [lo, hi) of din */
-GS_CPU_HOT static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(dw_dgrad_part, ctx, lo, hi, isa) {
   const struct dw_job *j = ctx;
   const geo *g = j->g;
   long cfull = g->c - g->c % GS_CPU_VB;
@@ -627,10 +700,12 @@ GS_CPU_HOT static void dw_dgrad_part(void *ctx, size_t lo, size_t hi) {
     long img = item / g->h, iy = item % g->h;
     for (long ix = 0; ix < g->w; ix++) {
       long c0 = 0;
+      if (j->dt == GS_F32 && isa >= GS_CPU_ISA_AVX512)
+        for (long nb; (nb = dw_blocks(g->c - c0, 16)) > 0; c0 += nb * 16)
+          DW_CALL_NB(dw_dgrad_chunk_v16, nb, j, img, iy, ix, c0);
       if (j->dt == GS_F32)
-        for (; c0 < cfull; c0 += DW_CHUNK * GS_CPU_VB)
-          dw_dgrad_chunk_f32(j, img, iy, ix, c0,
-                             cfull - c0 < DW_CHUNK * GS_CPU_VB ? (cfull - c0) / GS_CPU_VB : DW_CHUNK);
+        for (long nb; (nb = dw_blocks(cfull - c0, GS_CPU_VB)) > 0; c0 += nb * GS_CPU_VB)
+          DW_CALL_NB(dw_dgrad_chunk_v8, nb, j, img, iy, ix, c0);
       for (; c0 < cfull; c0 += GS_CPU_VB)
         dw_dgrad_block(j, img, iy, ix, c0, GS_CPU_VB);
       if (cfull < g->c)
@@ -645,16 +720,25 @@ int gs_cpu_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, fl
                               const gs_conv_shape *s, void *ws) {
   geo g = geo_of(s, s->same);
   const float *wf = w;
-  if (dt != GS_F32 && din) {
+  if (dt != GS_F32 && din && !(dw_bf16_native(dt, &g) && g.stride == 1)) {
     gs_cpu_load_f32(dt, w, ws, (size_t)(g.kh * g.kw * g.c));
     wf = ws;
   }
   struct dw_job j = {.dt = dt, .g = &g, .dst = din, .src = dout, .in = in, .wf = wf,
                      .dw = dw, .db = db};
   if (dw || db)
-    gs_cpu_parallel(ex, (size_t)((g.c + GS_CPU_VB - 1) / GS_CPU_VB), 1, dw_wgrad_part, &j);
-  if (din)
-    gs_cpu_parallel(ex, (size_t)(g.n * g.h), 2, dw_dgrad_part, &j);
+    gs_cpu_parallel(ex, (size_t)((g.c + GS_CPU_VB - 1) / GS_CPU_VB), 1, GS_CPU_PICK(dw_wgrad_part), &j);
+  if (!din)
+    return 0;
+#if GS_CPU_X86_TARGETS
+  if (dw_bf16_native(dt, &g) && g.stride == 1) { /* the pairs overwrite w's fp32 copy */
+    dw_bf16_pair(ws, w, g.kh * g.kw, g.c, true);
+    struct dw_bf16_job jb = {.g = &g, .dst = din, .src = dout, .wp = ws};
+    gs_cpu_parallel(ex, (size_t)(g.n * g.h), 2, dw_bf16_dgrad_part, &jb);
+    return 0;
+  }
+#endif
+  gs_cpu_parallel(ex, (size_t)(g.n * g.h), 2, GS_CPU_PICK(dw_dgrad_part), &j);
   return 0;
 }
 
@@ -668,7 +752,7 @@ struct pool_job {
   const void *in;
 };
 
-GS_CPU_HOT static void maxpool_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(maxpool_fwd_part, ctx, lo, hi, isa) {
   const struct pool_job *j = ctx;
   const geo *g = j->g;
   float best[GS_CPU_CB], tmp[GS_CPU_CB];
@@ -698,13 +782,13 @@ int gs_cpu_maxpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                            const gs_conv_shape *s) {
   geo g = geo_of(s, false);
   struct pool_job j = {.dt = dt, .g = &g, .dst = out, .src = in};
-  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, maxpool_fwd_part, &j);
+  gs_cpu_parallel(ex, (size_t)(g.n * g.oh), 2, GS_CPU_PICK(maxpool_fwd_part), &j);
   return 0;
 }
 
 /* images [lo, hi): din zeroed, then each window's dout added at its first
  * maximum; one image per thread, so overlapping windows never race. */
-GS_CPU_HOT static void maxpool_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(maxpool_bwd_part, ctx, lo, hi, isa) {
   const struct pool_job *j = ctx;
   const geo *g = j->g;
   size_t esz = gs_dtype_size(j->dt), img_elems = (size_t)(g->h * g->w * g->c);
@@ -757,7 +841,7 @@ int gs_cpu_maxpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dou
     memset(din, 0, (size_t)(g.n * g.h * g.w * g.c) * gs_dtype_size(dt));
     return 0;
   }
-  gs_cpu_parallel(ex, (size_t)g.n, 1, maxpool_bwd_part, &j);
+  gs_cpu_parallel(ex, (size_t)g.n, 1, GS_CPU_PICK(maxpool_bwd_part), &j);
   return 0;
 }
 
@@ -770,7 +854,7 @@ struct gap_job {
   long hw, c;
 };
 
-GS_CPU_HOT static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(gap_fwd_part, ctx, lo, hi, isa) {
   const struct gap_job *j = ctx;
   float acc[GS_CPU_CB], tmp[GS_CPU_CB];
   for (long img = (long)lo; img < (long)hi; img++)
@@ -788,7 +872,7 @@ GS_CPU_HOT static void gap_fwd_part(void *ctx, size_t lo, size_t hi) {
     }
 }
 
-GS_CPU_HOT static void gap_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(gap_bwd_part, ctx, lo, hi, isa) {
   const struct gap_job *j = ctx;
   float g[GS_CPU_CB], tmp[GS_CPU_CB];
   for (long img = (long)lo; img < (long)hi; img++)
@@ -811,7 +895,7 @@ int gs_cpu_gap_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, uint
     memset(out, 0, (size_t)n * c * gs_dtype_size(dt));
     return 0;
   }
-  gs_cpu_parallel(ex, n, 8, gap_fwd_part, &j);
+  gs_cpu_parallel(ex, n, 8, GS_CPU_PICK(gap_fwd_part), &j);
   return 0;
 }
 
@@ -821,6 +905,6 @@ int gs_cpu_gap_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, u
   struct gap_job j = {.dt = dt, .dst = din, .src = dout, .hw = (long)h * w, .c = c};
   if (j.hw == 0)
     return 0;
-  gs_cpu_parallel(ex, n, 8, gap_bwd_part, &j);
+  gs_cpu_parallel(ex, n, 8, GS_CPU_PICK(gap_bwd_part), &j);
   return 0;
 }

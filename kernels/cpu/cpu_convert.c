@@ -4,22 +4,20 @@
  * Mixed-precision ops convert every 16-bit tensor on load and round every
  * result on store, so these loops run over each activation and weight of a
  * step. fp16 goes through F16C (vcvtph2ps / vcvtps2ph, round to nearest
- * even) where the CPU has it, chosen once at run time, else through the
- * scalar reference of dtype.c; both give the same bits, which
- * test_kernels checks over random patterns. bf16 is a shift (load) and an
- * add-and-shift (store) that the compiler vectorises.
+ * even), 8 at a time at the AVX2 level and 16 at the AVX-512 one
+ * (gs_cpu_isa), else through the scalar reference of dtype.c; all give
+ * the same bits, which test_kernels and test_kernels_isa check over random
+ * patterns. bf16 is a shift (load) and an add-and-shift (store) that the
+ * compiler vectorises, once per level.
  */
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
+#if GS_CPU_X86_TARGETS
 #include <immintrin.h>
-#define GS_CPU_X86 1
 
-__attribute__((target("avx,f16c"))) static void f16_load_f16c(const uint16_t *s, float *d,
-                                                               size_t n) {
+GS_CPU_TARGET_AVX2 static void f16_load_avx2(const uint16_t *s, float *d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
@@ -27,8 +25,7 @@ __attribute__((target("avx,f16c"))) static void f16_load_f16c(const uint16_t *s,
     d[i] = gs_f16_to_f32(s[i]);
 }
 
-__attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *d, const float *s,
-                                                                size_t n) {
+GS_CPU_TARGET_AVX2 static void f16_store_avx2(uint16_t *d, const float *s, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128((__m128i *)(d + i),
@@ -37,28 +34,43 @@ __attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *d, cons
     d[i] = gs_f32_to_f16(s[i]);
 }
 
-/* F16C through CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
- * does not know "f16c". AVX also needs the OS to save the YMM state
- * (OSXSAVE and XCR0), which __builtin_cpu_supports("avx") checks. */
-static int cpu_has_f16c(void) {
-  static int have = -1; /* races only to write the same value */
-  if (have < 0) {
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    have = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+/* 16 at a time, and the tail under a mask rather than one by one */
+GS_CPU_TARGET_AVX512 static void f16_load_avx512(const uint16_t *s, float *d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+  if (i < n) {
+    __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(d + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, s + i)));
   }
-  return have;
+}
+
+GS_CPU_TARGET_AVX512 static void f16_store_avx512(uint16_t *d, const float *s, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i *)(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  if (i < n) {
+    __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(d + i, k,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, s + i),
+                                             _MM_FROUND_TO_NEAREST_INT));
+  }
 }
 #endif
 
-static void bf16_load(const uint16_t *s, float *d, size_t n) {
+/* bf16 as integer arithmetic, which every clone vectorises to the same
+ * bits (the AVX512-BF16 vcvtneps2bf16 would flush denormals to zero) */
+static inline __attribute__((always_inline)) void bf16_load(const uint16_t *s, float *d,
+                                                             size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint32_t x = (uint32_t)s[i] << 16;
     memcpy(d + i, &x, 4);
   }
 }
 
-static void bf16_store(uint16_t *d, const float *s, size_t n) {
+static inline __attribute__((always_inline)) void bf16_store(uint16_t *d, const float *s,
+                                                              size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint32_t x;
     memcpy(&x, s + i, 4);
@@ -68,6 +80,42 @@ static void bf16_store(uint16_t *d, const float *s, size_t n) {
   }
 }
 
+static void bf16_load_base(const uint16_t *s, float *d, size_t n) { bf16_load(s, d, n); }
+static void bf16_store_base(uint16_t *d, const float *s, size_t n) { bf16_store(d, s, n); }
+GS_CPU_TARGET_AVX2 static void bf16_load_avx2(const uint16_t *s, float *d, size_t n) {
+  bf16_load(s, d, n);
+}
+GS_CPU_TARGET_AVX2 static void bf16_store_avx2(uint16_t *d, const float *s, size_t n) {
+  bf16_store(d, s, n);
+}
+GS_CPU_TARGET_AVX512 static void bf16_load_avx512(const uint16_t *s, float *d, size_t n) {
+  bf16_load(s, d, n);
+}
+GS_CPU_TARGET_AVX512 static void bf16_store_avx512(uint16_t *d, const float *s, size_t n) {
+  bf16_store(d, s, n);
+}
+
+static void f16_load_base(const uint16_t *s, float *d, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    d[i] = gs_f16_to_f32(s[i]);
+}
+static void f16_store_base(uint16_t *d, const float *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    d[i] = gs_f32_to_f16(s[i]);
+}
+
+typedef void (*load_fn)(const uint16_t *, float *, size_t);
+typedef void (*store_fn)(uint16_t *, const float *, size_t);
+#if GS_CPU_X86_TARGETS
+static const load_fn f16_loads[3] = {f16_load_base, f16_load_avx2, f16_load_avx512};
+static const store_fn f16_stores[3] = {f16_store_base, f16_store_avx2, f16_store_avx512};
+#else
+static const load_fn f16_loads[3] = {f16_load_base, f16_load_base, f16_load_base};
+static const store_fn f16_stores[3] = {f16_store_base, f16_store_base, f16_store_base};
+#endif
+static const load_fn bf16_loads[3] = {bf16_load_base, bf16_load_avx2, bf16_load_avx512};
+static const store_fn bf16_stores[3] = {bf16_store_base, bf16_store_avx2, bf16_store_avx512};
+
 void gs_cpu_load_f32(gs_dtype dt, const void *src, float *dst, size_t count) {
   switch (dt) {
   case GS_F32:
@@ -75,17 +123,10 @@ void gs_cpu_load_f32(gs_dtype dt, const void *src, float *dst, size_t count) {
       memcpy(dst, src, count * 4);
     return;
   case GS_F16:
-#ifdef GS_CPU_X86
-    if (cpu_has_f16c()) {
-      f16_load_f16c(src, dst, count);
-      return;
-    }
-#endif
-    for (size_t i = 0; i < count; i++)
-      dst[i] = gs_f16_to_f32(((const uint16_t *)src)[i]);
+    f16_loads[gs_cpu_clone()](src, dst, count);
     return;
   case GS_BF16:
-    bf16_load(src, dst, count);
+    bf16_loads[gs_cpu_clone()](src, dst, count);
     return;
   }
 }
@@ -97,17 +138,10 @@ void gs_cpu_store_f32(gs_dtype dt, void *dst, const float *src, size_t count) {
       memcpy(dst, src, count * 4);
     return;
   case GS_F16:
-#ifdef GS_CPU_X86
-    if (cpu_has_f16c()) {
-      f16_store_f16c(dst, src, count);
-      return;
-    }
-#endif
-    for (size_t i = 0; i < count; i++)
-      ((uint16_t *)dst)[i] = gs_f32_to_f16(src[i]);
+    f16_stores[gs_cpu_clone()](dst, src, count);
     return;
   case GS_BF16:
-    bf16_store(dst, src, count);
+    bf16_stores[gs_cpu_clone()](dst, src, count);
     return;
   }
 }

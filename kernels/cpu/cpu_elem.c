@@ -41,18 +41,32 @@ struct relu_job {
 static uint16_t inf_bits(gs_dtype dt) { return dt == GS_F16 ? 0x7c00 : 0x7f80; }
 
 /* y[i] = relu(x[i]), i < n; y may be x (in place). */
-static inline void relu_f32(float *y, const float *x, size_t n) {
+static inline __attribute__((always_inline)) void relu_f32(float *y, const float *x, size_t n) {
 GS_IVDEP
   for (size_t i = 0; i < n; i++)
     y[i] = gs_cpu_relu1(x[i]);
 }
 
-GS_CPU_HOT void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc) {
+static inline __attribute__((always_inline)) void relu_rows(float *c, size_t m, size_t n,
+                                                            size_t ldc) {
   for (size_t r = 0; r < m; r++)
     relu_f32(c + r * ldc, c + r * ldc, n);
 }
+static void relu_rows_base(float *c, size_t m, size_t n, size_t ldc) { relu_rows(c, m, n, ldc); }
+GS_CPU_TARGET_AVX2 static void relu_rows_avx2(float *c, size_t m, size_t n, size_t ldc) {
+  relu_rows(c, m, n, ldc);
+}
+GS_CPU_TARGET_AVX512 static void relu_rows_avx512(float *c, size_t m, size_t n, size_t ldc) {
+  relu_rows(c, m, n, ldc);
+}
 
-GS_CPU_HOT static void relu_fwd_part(void *ctx, size_t lo, size_t hi) {
+void gs_cpu_relu_rows(float *c, size_t m, size_t n, size_t ldc) {
+  static void (*const clone[3])(float *, size_t, size_t, size_t) = {
+      relu_rows_base, relu_rows_avx2, relu_rows_avx512};
+  clone[gs_cpu_clone()](c, m, n, ldc);
+}
+
+GS_CPU_RANGE(relu_fwd_part, ctx, lo, hi, isa) {
   const struct relu_job *j = ctx;
   if (j->dt == GS_F32) {
     relu_f32((float *)j->dst + lo, (const float *)j->a + lo, hi - lo);
@@ -68,7 +82,7 @@ GS_CPU_HOT static void relu_fwd_part(void *ctx, size_t lo, size_t hi) {
   }
 }
 
-GS_CPU_HOT static void relu_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(relu_bwd_part, ctx, lo, hi, isa) {
   const struct relu_job *j = ctx;
   if (j->dt == GS_F32) {
     const float *d = j->a, *o = j->b;
@@ -93,14 +107,14 @@ GS_IVDEP
 
 int gs_cpu_relu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count) {
   struct relu_job j = {.dt = dt, .dst = out, .a = in};
-  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, relu_fwd_part, &j);
+  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, GS_CPU_PICK(relu_fwd_part), &j);
   return 0;
 }
 
 int gs_cpu_relu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                          const void *out, size_t count) {
   struct relu_job j = {.dt = dt, .dst = din, .a = dout, .b = out};
-  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, relu_bwd_part, &j);
+  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, GS_CPU_PICK(relu_bwd_part), &j);
   return 0;
 }
 
@@ -225,7 +239,7 @@ struct unscale_job {
   int32_t *found_inf;
 };
 
-GS_CPU_HOT static void unscale_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(unscale_part, ctx, lo, hi, isa) {
   const struct unscale_job *j = ctx;
   uint32_t bad = 0;
   for (size_t i = lo; i < hi; i++) {
@@ -243,7 +257,7 @@ GS_CPU_HOT static void unscale_part(void *ctx, size_t lo, size_t hi) {
 int gs_cpu_unscale_check(gs_exec *ex, float *g, size_t count, const float *scale,
                          int32_t *found_inf) {
   struct unscale_job j = {.g = g, .inv = 1.0f / *scale, .found_inf = found_inf};
-  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, unscale_part, &j);
+  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN, GS_CPU_PICK(unscale_part), &j);
   return 0;
 }
 
@@ -278,7 +292,7 @@ struct sgd_job {
   bool nesterov;
 };
 
-GS_CPU_HOT static void sgd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(sgd_part, ctx, lo, hi, isa) {
   const struct sgd_job *j = ctx;
   float *restrict w = j->w, *restrict m = j->m; /* as adam_part: vectorisable */
   float *restrict g = j->g;
@@ -312,7 +326,7 @@ int gs_cpu_sgd_step(gs_exec *ex, float *w, float *g, float *m, size_t count, flo
   }
   struct sgd_job j = {.w = w, .m = m, .g = g, .lr = lr, .momentum = momentum,
                       .wd = weight_decay, .nesterov = nesterov};
-  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN / 4, sgd_part, &j);
+  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN / 4, GS_CPU_PICK(sgd_part), &j);
   return 0;
 }
 
@@ -322,7 +336,7 @@ struct adam_job {
   bool decoupled;
 };
 
-GS_CPU_HOT static void adam_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(adam_part, ctx, lo, hi, isa) {
   const struct adam_job *j = ctx;
   /* restrict and local scalars: the stores to w, m and v may not alias the
    * job's fields, so the loop vectorises (sqrtf inlines with -fno-math-errno,
@@ -364,6 +378,6 @@ int gs_cpu_adam_step(gs_exec *ex, float *w, float *g, float *m, float *v, size_t
                        .eps = eps, .wd = weight_decay, .decoupled = decoupled,
                        .bc1 = (float)(1.0 - pow((double)beta1, (double)t)),
                        .bc2 = (float)(1.0 - pow((double)beta2, (double)t))};
-  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN / 4, adam_part, &j);
+  gs_cpu_parallel(ex, count, GS_CPU_ELEM_GRAIN / 4, GS_CPU_PICK(adam_part), &j);
   return 0;
 }

@@ -126,30 +126,97 @@ static inline void *gs_cpu_at_mut(gs_dtype dt, void *p, size_t i) {
 /* Floats in one AVX vector: the block of loops written for registers. */
 #define GS_CPU_VB 8
 
-/* The hot loops of the cpu backend are built twice, for x86-64-v3 (AVX2,
- * FMA) and for the baseline, and the loader picks one per machine (an
- * ifunc), so the package runs anywhere and uses the wide vectors where they
- * exist. Both clones compute the same bits: -std=c11 keeps the compiler from
- * contracting a * b + c into an FMA (-ffp-contract=off), and without
- * -ffast-math it never reorders a sum, so only the vector width differs.
- * GCC only: clang 14 (the fuzz build) emits a multiversioned function's
- * resolver only in the files that call it, so another file's call to an
- * external one does not link. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(GS_NO_TARGET_CLONES)
-#define GS_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+/* The hot loops of the cpu backend are built three times, for the
+ * baseline, for AVX2 (with FMA and F16C) and for AVX-512 (F, BW, VL, DQ),
+ * and each call picks one by the instruction-set level in use
+ * (gs_cpu_isa: the highest this CPU has, or a lower one named by the
+ * environment variable GS_CPU_ISA), so the package runs anywhere, uses the
+ * wide vectors where they exist, and a test can run every path the host
+ * has. A range function is written once:
+ *
+ *   GS_CPU_RANGE(name, ctx, lo, hi, isa) { ...body... }
+ *
+ * which defines the body (always inlined) and one clone per level, each
+ * compiled with that level's target attribute, and GS_CPU_PICK(name) is
+ * the clone for the level in use. `isa` is the clone's level as a
+ * constant (GS_CPU_ISA_BASELINE, _AVX2, _AVX512), for a body that blocks
+ * its registers by the vector width. The clones compute the same bits:
+ * -ffp-contract=off keeps the compiler from contracting a * b + c into an
+ * FMA, and without -ffast-math it never reorders a sum, so only the vector
+ * width differs (test_kernels_isa checks every level's bits against the
+ * baseline's). */
+enum {
+  GS_CPU_ISA_BASELINE = 0, /* SSE2 */
+  GS_CPU_ISA_AVX2 = 1,     /* AVX2, FMA, F16C */
+  GS_CPU_ISA_AVX512 = 2,   /* AVX-512 F, BW, VL, DQ */
+  GS_CPU_ISA_AVX512BF16 = 3, /* the same and AVX512-BF16 (vdpbf16ps) */
+  GS_CPU_ISA_LEVELS = 4
+};
+/* The level in use: GS_CPU_ISA's, where it names one this CPU has, else
+ * the highest this CPU has. Read once; cheap after. */
+int gs_cpu_isa(void);
+/* The highest level this CPU has. */
+int gs_cpu_isa_max(void);
+/* "baseline", "avx2", "avx512", "avx512bf16" */
+const char *gs_cpu_isa_name(int level);
+/* Run at `level` from now on (the tests' way through every path): 0, or
+ * -EINVAL when this CPU lacks it. Not for a process with jobs running. */
+int gs_cpu_isa_set(int level);
+/* The clone of the GS_CPU_RANGE loops for the level in use. */
+static inline int gs_cpu_clone(void) {
+  int l = gs_cpu_isa();
+  return l > GS_CPU_ISA_AVX512 ? GS_CPU_ISA_AVX512 : l;
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define GS_CPU_X86_TARGETS 1
+/* GCC's vectoriser keeps to 256-bit vectors with AVX-512 unless told to
+ * prefer 512 (clang has no such target option) */
+#ifdef __clang__
+#define GS_CPU_PREFER512
 #else
-#define GS_CPU_HOT
+#define GS_CPU_PREFER512 ",prefer-vector-width=512"
+#endif
+#define GS_CPU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GS_CPU_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c" GS_CPU_PREFER512)))
+#define GS_CPU_TARGET_AVX512BF16                                                      \
+  __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c" \
+                        GS_CPU_PREFER512)))
+#else
+#define GS_CPU_TARGET_AVX2
+#define GS_CPU_TARGET_AVX512
+#define GS_CPU_TARGET_AVX512BF16
 #endif
 
+#define GS_CPU_RANGE(name, ctx, lo, hi, isa)                                                  \
+  static inline __attribute__((always_inline)) void name##_body(                             \
+      void *ctx, size_t lo, size_t hi, __attribute__((unused)) const int isa);               \
+  static void name##_base(void *c_, size_t l_, size_t h_) {                                  \
+    name##_body(c_, l_, h_, GS_CPU_ISA_BASELINE);                                            \
+  }                                                                                          \
+  GS_CPU_TARGET_AVX2 static void name##_avx2(void *c_, size_t l_, size_t h_) {               \
+    name##_body(c_, l_, h_, GS_CPU_ISA_AVX2);                                                \
+  }                                                                                          \
+  GS_CPU_TARGET_AVX512 static void name##_avx512(void *c_, size_t l_, size_t h_) {           \
+    name##_body(c_, l_, h_, GS_CPU_ISA_AVX512);                                              \
+  }                                                                                          \
+  static const gs_cpu_range_fn name##_isa[3] = {name##_base, name##_avx2, name##_avx512};    \
+  static inline __attribute__((always_inline)) void name##_body(                             \
+      void *ctx, size_t lo, size_t hi, __attribute__((unused)) const int isa)
+#define GS_CPU_PICK(name) (name##_isa[gs_cpu_clone()])
+
 /* GS_CPU_VB floats as one value (GCC's vector extension: one AVX register
- * in an x86-64-v3 clone, two SSE registers in the baseline one). Loads and
+ * in the AVX2 and AVX-512 clones, two SSE registers in the baseline one). Loads and
  * stores go through memcpy, so they need no alignment. Macros, not
  * functions: a vector passed by value would change the calling convention
  * between the clones. */
 typedef float gs_v8 __attribute__((vector_size(GS_CPU_VB * sizeof(float))));
 #define GS_V8_LOAD(v, p) memcpy(&(v), (p), sizeof(gs_v8))
 #define GS_V8_STORE(p, v) memcpy((p), &(v), sizeof(gs_v8))
+/* 16 floats: one AVX-512 register, for the loops that block by it in the
+ * AVX-512 clone (the same loads and stores through memcpy). */
+typedef float gs_v16 __attribute__((vector_size(16 * sizeof(float))));
 
 /* fp32 dense layers on mostly-zero inputs (cpu_sparse.c): the forward and
  * the weight gradient spend a multiply-add on each nonzero input only.

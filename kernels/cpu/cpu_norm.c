@@ -38,7 +38,7 @@ struct add_job {
   const void *a, *b; /* add: dst = a + b; accumulate: a = dst, b = src */
 };
 
-GS_CPU_HOT static void add_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(add_part, ctx, lo, hi, isa) {
   const struct add_job *j = ctx;
   if (j->dt == GS_F32) {
     /* no restrict: out may be a or b, and each element reads its own only */
@@ -62,13 +62,13 @@ GS_CPU_HOT static void add_part(void *ctx, size_t lo, size_t hi) {
 int gs_cpu_add_forward(gs_exec *ex, gs_dtype dt, void *out, const void *a, const void *b,
                        size_t count) {
   struct add_job j = {.dt = dt, .dst = out, .a = a, .b = b};
-  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, add_part, &j);
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, GS_CPU_PICK(add_part), &j);
   return 0;
 }
 
 int gs_cpu_accumulate(gs_exec *ex, gs_dtype dt, void *dst, const void *src, size_t count) {
   struct add_job j = {.dt = dt, .dst = dst, .a = dst, .b = src};
-  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, add_part, &j);
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, GS_CPU_PICK(add_part), &j);
   return 0;
 }
 
@@ -122,7 +122,7 @@ struct bn_job {
 };
 
 /* chunk k: part[k][c] = sum of x over its rows */
-GS_CPU_HOT static void bn_sum_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bn_sum_part, ctx, lo, hi, isa) {
   const struct bn_job *j = ctx;
   float tmp[GS_NORM_BLK];
   for (size_t k = lo; k < hi; k++) {
@@ -141,7 +141,7 @@ GS_CPU_HOT static void bn_sum_part(void *ctx, size_t lo, size_t hi) {
 }
 
 /* chunk k: part[k][c] = sum of (x - mean)^2 over its rows */
-GS_CPU_HOT static void bn_sq_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bn_sq_part, ctx, lo, hi, isa) {
   const struct bn_job *j = ctx;
   float tmp[GS_NORM_BLK];
   for (size_t k = lo; k < hi; k++) {
@@ -163,7 +163,7 @@ GS_CPU_HOT static void bn_sq_part(void *ctx, size_t lo, size_t hi) {
 }
 
 /* rows [lo, hi): out = (x - mean) * rstd * gamma + beta */
-GS_CPU_HOT static void bn_norm_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bn_norm_part, ctx, lo, hi, isa) {
   const struct bn_job *j = ctx;
   float tmp[GS_NORM_BLK], y[GS_NORM_BLK];
   for (size_t r = lo; r < hi; r++)
@@ -198,14 +198,14 @@ int gs_cpu_batchnorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, f
                      .dmean = dmean, .mean = mu, .rstd = rs, .f0 = g, .f1 = b};
   if (training) {
     /* the chunks' sums in the first half of part, the mean in the second */
-    gs_cpu_parallel(ex, nk, 1, bn_sum_part, &j);
+    gs_cpu_parallel(ex, nk, 1, GS_CPU_PICK(bn_sum_part), &j);
     for (size_t q = 0; q < c; q++) {
       double s = 0.0;
       for (size_t k = 0; k < nk; k++)
         s += part[k * c + q];
       dmean[q] = s / (double)m;
     }
-    gs_cpu_parallel(ex, nk, 1, bn_sq_part, &j);
+    gs_cpu_parallel(ex, nk, 1, GS_CPU_PICK(bn_sq_part), &j);
     for (size_t q = 0; q < c; q++) {
       double s = 0.0;
       for (size_t k = 0; k < nk; k++)
@@ -224,12 +224,12 @@ int gs_cpu_batchnorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, f
       rs[q] = (float)(1.0 / sqrt((double)running_var[q] + (double)eps));
     }
   }
-  gs_cpu_parallel(ex, m, rows_grain(c), bn_norm_part, &j);
+  gs_cpu_parallel(ex, m, rows_grain(c), GS_CPU_PICK(bn_norm_part), &j);
   return 0;
 }
 
 /* chunk k: part[k][c] = sum of dout, part[nk + k][c] = sum of dout * xhat */
-GS_CPU_HOT static void bn_bwd_sum_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bn_bwd_sum_part, ctx, lo, hi, isa) {
   const struct bn_job *j = ctx;
   float tx[GS_NORM_BLK], td[GS_NORM_BLK];
   for (size_t k = lo; k < hi; k++) {
@@ -254,7 +254,7 @@ GS_CPU_HOT static void bn_bwd_sum_part(void *ctx, size_t lo, size_t hi) {
 }
 
 /* rows [lo, hi): din = gamma rstd (dout - sum(dout)/M - xhat sum(dout xhat)/M) */
-GS_CPU_HOT static void bn_bwd_din_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(bn_bwd_din_part, ctx, lo, hi, isa) {
   const struct bn_job *j = ctx;
   float tx[GS_NORM_BLK], td[GS_NORM_BLK], y[GS_NORM_BLK];
   for (size_t r = lo; r < hi; r++)
@@ -283,7 +283,7 @@ int gs_cpu_batchnorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
   float *a = (float *)(part + 2 * nk * c), *m1 = a + c, *m2 = m1 + c;
   struct bn_job j = {.dt = dt, .m = m, .c = c, .nk = nk, .in = in, .dout = dout, .out = din,
                      .part = part, .mean = mean, .rstd = rstd, .f0 = a, .f1 = m1, .f2 = m2};
-  gs_cpu_parallel(ex, nk, 1, bn_bwd_sum_part, &j);
+  gs_cpu_parallel(ex, nk, 1, GS_CPU_PICK(bn_bwd_sum_part), &j);
   gs_cpu_load_f32(dt, gamma, a, c);
   for (size_t q = 0; q < c; q++) {
     double s1 = 0.0, s2 = 0.0;
@@ -298,7 +298,7 @@ int gs_cpu_batchnorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
     m2[q] = (float)(s2 / (double)m);
   }
   if (din)
-    gs_cpu_parallel(ex, m, rows_grain(c), bn_bwd_din_part, &j);
+    gs_cpu_parallel(ex, m, rows_grain(c), GS_CPU_PICK(bn_bwd_din_part), &j);
   return 0;
 }
 
@@ -316,7 +316,7 @@ struct ln_job {
 };
 
 /* rows [lo, hi): statistics in double, then out = (x - mean) * rstd * gamma + beta */
-GS_CPU_HOT static void ln_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(ln_fwd_part, ctx, lo, hi, isa) {
   const struct ln_job *j = ctx;
   float tx[GS_NORM_BLK], tg[GS_NORM_BLK], tb[GS_NORM_BLK], y[GS_NORM_BLK];
   const size_t c = j->c;
@@ -360,7 +360,7 @@ int gs_cpu_layernorm_forward(gs_exec *ex, gs_dtype dt, void *out, float *mean, f
     return 0;
   struct ln_job j = {.dt = dt, .m = m, .c = c, .in = in, .gamma = gamma, .beta = beta,
                      .out = out, .mean = mean, .rstd = rstd, .eps = eps};
-  gs_cpu_parallel(ex, m, rows_grain(c), ln_fwd_part, &j);
+  gs_cpu_parallel(ex, m, rows_grain(c), GS_CPU_PICK(ln_fwd_part), &j);
   return 0;
 }
 
@@ -372,7 +372,7 @@ size_t gs_cpu_layernorm_workspace(gs_dtype dt, uint32_t m, uint32_t c) {
 
 /* chunk k: its rows' din, and part[k][c] = sum of dout, part[nk + k][c] =
  * sum of dout * xhat over them */
-GS_CPU_HOT static void ln_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(ln_bwd_part, ctx, lo, hi, isa) {
   const struct ln_job *j = ctx;
   float tx[GS_NORM_BLK], td[GS_NORM_BLK], tg[GS_NORM_BLK], y[GS_NORM_BLK];
   const size_t c = j->c;
@@ -425,7 +425,7 @@ int gs_cpu_layernorm_backward(gs_exec *ex, gs_dtype dt, void *din, float *dgamma
   size_t nk = norm_chunks(m);
   struct ln_job j = {.dt = dt, .m = m, .c = c, .nk = nk, .in = in, .dout = dout,
                      .gamma = gamma, .out = din, .cmean = mean, .crstd = rstd, .part = ws};
-  gs_cpu_parallel(ex, nk, 1, ln_bwd_part, &j);
+  gs_cpu_parallel(ex, nk, 1, GS_CPU_PICK(ln_bwd_part), &j);
   const double *part = ws;
   for (size_t q = 0; q < c; q++) {
     double s1 = 0.0, s2 = 0.0;
@@ -524,7 +524,7 @@ struct dropout_job {
   float scale;
 };
 
-GS_CPU_HOT static void dropout_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(dropout_part, ctx, lo, hi, isa) {
   const struct dropout_job *j = ctx;
   float tx[GS_NORM_BLK], y[GS_NORM_BLK];
   for (size_t i = lo; i < hi; i += GS_NORM_BLK) {
@@ -542,7 +542,7 @@ static void dropout_run(gs_exec *ex, gs_dtype dt, void *dst, const void *src, si
                         float rate, uint64_t seed) {
   struct dropout_job j = {.dt = dt, .dst = dst, .src = src, .seed = seed,
                           .thr = dropout_threshold(rate), .scale = 1.0f / (1.0f - rate)};
-  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, dropout_part, &j);
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN, GS_CPU_PICK(dropout_part), &j);
 }
 
 int gs_cpu_dropout_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count,
@@ -567,7 +567,7 @@ struct avgpool_job {
 };
 
 /* output rows (img, oy) [lo, hi) */
-GS_CPU_HOT static void avgpool_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(avgpool_fwd_part, ctx, lo, hi, isa) {
   const struct avgpool_job *j = ctx;
   const gs_conv_shape *s = &j->s;
   const size_t c = s->c, taps = (size_t)s->kh * s->kw;
@@ -595,7 +595,7 @@ GS_CPU_HOT static void avgpool_fwd_part(void *ctx, size_t lo, size_t hi) {
 
 /* input rows (img, iy) [lo, hi): each element gathers dout over the windows
  * that contain it */
-GS_CPU_HOT static void avgpool_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(avgpool_bwd_part, ctx, lo, hi, isa) {
   const struct avgpool_job *j = ctx;
   const gs_conv_shape *s = &j->s;
   const size_t c = s->c, taps = (size_t)s->kh * s->kw, st = s->stride;
@@ -641,7 +641,7 @@ int gs_cpu_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
   size_t rows = (size_t)j.s.n * j.s.oh;
   if (rows == 0 || j.s.ow == 0 || j.s.c == 0)
     return 0;
-  gs_cpu_parallel(ex, rows, 1, avgpool_fwd_part, &j);
+  gs_cpu_parallel(ex, rows, 1, GS_CPU_PICK(avgpool_fwd_part), &j);
   return 0;
 }
 
@@ -655,6 +655,6 @@ int gs_cpu_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dou
     memset(din, 0, rows * j.s.w * j.s.c * gs_dtype_size(dt));
     return 0;
   }
-  gs_cpu_parallel(ex, rows, 1, avgpool_bwd_part, &j);
+  gs_cpu_parallel(ex, rows, 1, GS_CPU_PICK(avgpool_bwd_part), &j);
   return 0;
 }

@@ -157,16 +157,9 @@ size_t gs_cpu_sparse_workspace(size_t n, size_t c, size_t oc) {
 
 #define SP_AVX2 __attribute__((target("avx2,fma")))
 
-static bool cpu_has_avx2(void) {
-  static int have = -1; /* the answer is the same for every thread */
-  int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
-  if (h < 0) {
-    __builtin_cpu_init();
-    h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
-    __atomic_store_n(&have, h, __ATOMIC_RELAXED);
-  }
-  return h == 1;
-}
+/* AVX2 and FMA, at the level in use (GS_CPU_ISA=baseline turns the path
+ * off) */
+static bool cpu_has_avx2(void) { return gs_cpu_isa() >= GS_CPU_ISA_AVX2; }
 
 /* LEFT[m]: the positions of the set bits of m, first to last, then zeros. */
 static uint32_t LEFT[256][8];

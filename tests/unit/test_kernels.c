@@ -676,9 +676,9 @@ static void sparse_case(uint32_t n, uint32_t c, uint32_t oc, double zero, bool d
 Test(kernels, sparse_input_dense_layer) {
   if (gs_cpu_sparse_workspace(128, 784, 256) == 0)
     cr_skip_test("the sparse path needs x86-64 (AVX2); the dense path runs everywhere else");
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-    cr_skip_test("this CPU lacks AVX2 or FMA: dense layers run the dense path only");
+  if (gs_cpu_isa() < GS_CPU_ISA_AVX2)
+    cr_skip_test("this CPU lacks AVX2 or FMA, or GS_CPU_ISA=baseline: dense layers run the "
+                 "dense path only");
   sparse_case(128, 784, 256, 0.5, false, true, true);  /* fashion-mlp's first layer */
   sparse_case(37, 300, 100, 0.6, false, false, true);  /* odd sizes, a narrow last tile */
   sparse_case(9, 1030, 130, 0.8, false, true, true);   /* c off the blocks of 8 and 128 */
@@ -693,10 +693,8 @@ Test(kernels, sparse_input_dense_layer) {
 /* Zeros skip even an infinite weight (documented in cpu_sparse.c); a NaN
  * or infinite input is a nonzero and propagates as in the dense path. */
 Test(kernels, sparse_path_non_finite) {
-  __builtin_cpu_init();
-  if (gs_cpu_sparse_workspace(64, 256, 64) == 0 || !__builtin_cpu_supports("avx2") ||
-      !__builtin_cpu_supports("fma"))
-    cr_skip_test("no sparse path on this machine (x86-64 with AVX2 and FMA only)");
+  if (gs_cpu_sparse_workspace(64, 256, 64) == 0 || gs_cpu_isa() < GS_CPU_ISA_AVX2)
+    cr_skip_test("no sparse path here (x86-64 with AVX2 and FMA only, not GS_CPU_ISA=baseline)");
   uint32_t n = 64, c = 256, oc = 64;
   float *in = calloc((size_t)n * c, 4), *w = malloc((size_t)c * oc * 4), *o = malloc((size_t)n * oc * 4);
   for (size_t i = 0; i < (size_t)c * oc; i++)
