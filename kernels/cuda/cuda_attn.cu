@@ -54,72 +54,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/cuda_dtype.cuh"
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda_sizes.h"
 
 namespace {
-
-/* ---- storage types: the loads and stores of cuda_ops.cu ---- */
-
-__device__ __forceinline__ float f16_load(uint16_t h) {
-  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) /* NaN: as gs_f16_to_f32 */
-    return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
-                           ((uint32_t)(h & 0x3ffu) << 13));
-  return __half2float(__ushort_as_half(h));
-}
-
-__device__ __forceinline__ uint16_t f16_store(float f) {
-  uint32_t x = __float_as_uint(f), a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) /* NaN: as gs_f32_to_f16 */
-    return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((a >> 13) & 0x3ffu));
-  return __half_as_ushort(__float2half_rn(f));
-}
-
-__device__ __forceinline__ float bf16_load(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-__device__ __forceinline__ uint16_t bf16_store(float f) { /* as gs_f32_to_bf16 */
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u)
-    return (uint16_t)((x >> 16) | 0x40u);
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-template <int DT> struct st;
-template <> struct st<GS_F32> {
-  typedef float T;
-  static __device__ __forceinline__ float load(float v) { return v; }
-  static __device__ __forceinline__ float store(float v) { return v; }
-};
-template <> struct st<GS_F16> {
-  typedef uint16_t T;
-  static __device__ __forceinline__ float load(uint16_t v) { return f16_load(v); }
-  static __device__ __forceinline__ uint16_t store(float v) { return f16_store(v); }
-};
-template <> struct st<GS_BF16> {
-  typedef uint16_t T;
-  static __device__ __forceinline__ float load(uint16_t v) { return bf16_load(v); }
-  static __device__ __forceinline__ uint16_t store(float v) { return bf16_store(v); }
-};
-
-#define GS_ATTN_DT_SWITCH(dt, D, ...)                                                             \
-  switch (dt) {                                                                                   \
-  case GS_F32: {                                                                                  \
-    constexpr int D = GS_F32;                                                                     \
-    __VA_ARGS__;                                                                                  \
-  } break;                                                                                        \
-  case GS_F16: {                                                                                  \
-    constexpr int D = GS_F16;                                                                     \
-    __VA_ARGS__;                                                                                  \
-  } break;                                                                                        \
-  default: {                                                                                      \
-    constexpr int D = GS_BF16;                                                                    \
-    __VA_ARGS__;                                                                                  \
-  } break;                                                                                        \
-  }
-
-#define GS_ATTN_GRID_STRIDE(i, count)                                                             \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);                     \
-       i += (size_t)gridDim.x * blockDim.x)
 
 /* ---- token embedding ---- */
 
@@ -129,7 +68,7 @@ template <int D>
 __global__ void emb_fwd_k(typename st<D>::T *out, const int32_t *ids,
                           const typename st<D>::T *table, uint32_t rows, uint32_t v, uint32_t c) {
   size_t count = (size_t)rows * c;
-  GS_ATTN_GRID_STRIDE(i, count) {
+  GS_GRID_STRIDE(i, count) {
     size_t r = i / c, q = i - r * c;
     int32_t id = ids[r];
     out[i] = id >= 0 && (uint32_t)id < v ? table[(size_t)id * c + q]
@@ -195,7 +134,7 @@ __global__ void __launch_bounds__(GS_EMB_THREADS)
 template <int D>
 __global__ void pos_fwd_k(typename st<D>::T *out, const typename st<D>::T *in,
                           const typename st<D>::T *pos, size_t count, size_t tc) {
-  GS_ATTN_GRID_STRIDE(i, count) {
+  GS_GRID_STRIDE(i, count) {
     out[i] = st<D>::store(st<D>::load(in[i]) + st<D>::load(pos[i % tc]));
   }
 }
@@ -203,7 +142,7 @@ __global__ void pos_fwd_k(typename st<D>::T *out, const typename st<D>::T *in,
 /* dpos[j] += dout[s * tc + j] for s = 0 .. n-1, in order */
 template <int D>
 __global__ void pos_bwd_k(float *dpos, const typename st<D>::T *dout, uint32_t n, size_t tc) {
-  GS_ATTN_GRID_STRIDE(j, tc) {
+  GS_GRID_STRIDE(j, tc) {
     float a = dpos[j];
     for (uint32_t s = 0; s < n; s++)
       a += st<D>::load(dout[(size_t)s * tc + j]);
@@ -418,7 +357,7 @@ int gs_cuda_attention_forward(gs_exec *ex, gs_dtype dt, void *out, float *probs,
   attn_geo g = attn_geo_of(t, heads, head_size);
   float scale = 1.0f / sqrtf((float)head_size);
   size_t shmem = sizeof(float) * head_size;
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     rc = attn_launch(ex, attn_fwd_k<D>, rows, shmem, "attention_forward",
                                      (T *)out, probs, (const T *)qkv, g, scale));
   return rc;
@@ -435,7 +374,7 @@ int gs_cuda_attention_backward(gs_exec *ex, gs_dtype dt, void *dqkv, const void 
   float scale = 1.0f / sqrtf((float)head_size), *rowdot = (float *)ws;
   size_t shq = sizeof(float) * ((size_t)head_size + t);
   size_t shkv = sizeof(float) * ((size_t)head_size + 2 * (size_t)t);
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     rc = attn_launch(ex, attn_bwd_q_k<D>, rows, shq, "attention_backward (q)",
                                      (T *)dqkv, rowdot, (const T *)dout, (const T *)qkv, probs,
                                      g, scale);
@@ -452,7 +391,7 @@ int gs_cuda_embedding_forward(gs_exec *ex, gs_dtype dt, void *out, const int32_t
   size_t count = (size_t)rows * c;
   if (rc || count == 0)
     return rc;
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     emb_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
                         (T *)out, ids, (const T *)table, rows, v, c));
   return GS_LAUNCHED("embedding_forward");
@@ -467,7 +406,7 @@ int gs_cuda_embedding_backward(gs_exec *ex, gs_dtype dt, float *dtable, const vo
   if (gy > 65535)
     return -EINVAL; /* 8 million channels: no such table */
   dim3 grid((v + GS_EMB_ROWS - 1) / GS_EMB_ROWS, (unsigned)gy);
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     emb_bwd_k<D><<<grid, GS_EMB_THREADS, 0, ex->stream>>>(
                         dtable, (const T *)dout, ids, rows, v, c));
   return GS_LAUNCHED("embedding_backward");
@@ -479,7 +418,7 @@ int gs_cuda_posembed_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in
   size_t tc = (size_t)t * c, count = tc * n;
   if (rc || count == 0)
     return rc;
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     pos_fwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
                         (T *)out, (const T *)in, (const T *)pos, count, tc));
   return GS_LAUNCHED("posembed_forward");
@@ -491,7 +430,7 @@ int gs_cuda_posembed_backward(gs_exec *ex, gs_dtype dt, void *din, float *dpos,
   size_t tc = (size_t)t * c;
   if (rc || tc == 0 || n == 0)
     return rc;
-  GS_ATTN_DT_SWITCH(dt, D, typedef typename st<D>::T T;
+  GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                     pos_bwd_k<D><<<gs_cuda_blocks(tc), 256, 0, ex->stream>>>(
                         dpos, (const T *)dout, n, tc));
   if ((rc = GS_LAUNCHED("posembed_backward")))

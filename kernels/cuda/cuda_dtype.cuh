@@ -1,6 +1,6 @@
 /*
  * cuda_dtype.cuh: the device side of the storage types, shared by the
- * kernel files of the `cuda` plugin (cuda_ops.cu, cuda_norm.cu): loads and
+ * kernel files of the `cuda` plugin (cuda_ops.cu, cuda_norm.cu, cuda_attn.cu): loads and
  * stores of fp32 / fp16 / bf16 that give the CPU backend's bits (dtype.c,
  * cpu_convert.c: the hardware conversion for every number, the CPU's own
  * rule for NaN), the st<DT> trait the kernels are templated over,
