@@ -103,11 +103,18 @@ else pass "mlp from PyTorch's own start: loss $b against gpushare's $a (outside 
 # of one evaluation, so a tensor loaded in the wrong layout, under the wrong
 # name or into the wrong layer would cost tens of points.
 trained() {
-  local m=$1 steps=$2 k a b
-  "$RUN" "$BUILD/examples/fashion-$m.pb" --json --max-steps "$steps" --threads 2 \
+  local m=$1 steps=$2 k a b ex=fashion-$1 model=$1
+  # The ResNet (batch normalization's running statistics are exported and
+  # loaded with its weights) and the GPT by their specs.
+  case $m in
+    resnet) model="--spec $SRC/examples/fashion-resnet.txtpb" ;;
+    gpt) ex=text-gpt model="--spec $SRC/examples/text-gpt.txtpb" ;;
+  esac
+  "$RUN" "$BUILD/examples/$ex.pb" --json --max-steps "$steps" --threads 2 \
     --export "$T/$m.safetensors" >"$T/gs.t.$m" 2>"$T/gs.t.$m.err" ||
     { fail "$m: gpushare-run --export failed: $(tail -n 3 "$T/gs.t.$m.err")"; return; }
-  "$PY" "$SRC/tests/bench/torch_ref.py" "$m" --load "$T/$m.safetensors" --threads 2 \
+  # shellcheck disable=SC2086
+  "$PY" "$SRC/tests/bench/torch_ref.py" $model --load "$T/$m.safetensors" --threads 2 \
     >"$T/pt.t.$m" 2>"$T/pt.t.$m.err" ||
     { fail "$m: torch_ref.py --load failed: $(tail -n 3 "$T/pt.t.$m.err")"; return; }
   for k in test_accuracy test_loss; do
@@ -122,6 +129,8 @@ trained() {
 trained mlp 300
 trained cnn 100
 trained mobilenet 200
+trained resnet 150
+[ -f /usr/share/games/fortunes/cookie ] && trained gpt 100
 
 # The loader names what does not fit: the CNN's weights are no MLP's (both
 # have a dense_1, of other shapes).
@@ -192,14 +201,17 @@ graph 5 train_loss=1e-6
 graph 50 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
 
 # The ResNet example (batch normalization in every block, residual adds
-# with 1x1 projections): its evaluation reads the running statistics, which
-# carry each step's rounding forward, so the test loss is held to 2e-3 after
-# 50 steps and the train loss to 1e-4 (measured: 1e-6 and 4e-7 after one
-# step, 3e-6 and 3e-4 after 20).
-spec_parity "fashion-resnet" "$SRC/examples/fashion-resnet.txtpb" "$BUILD/examples/fashion-resnet.pb" \
-  1 train_loss=1e-5 test_loss=1e-5
-spec_parity "fashion-resnet" "$SRC/examples/fashion-resnet.txtpb" "$BUILD/examples/fashion-resnet.pb" \
-  50 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
+# with 1x1 projections). Its evaluation reads the running statistics, and
+# early in training they and the test loss swing with any rounding: after
+# 50 steps PyTorch's own test loss is 1.806 on one thread and 1.843 on two
+# (its train loss 1.91013 and 1.91027). So the test figures are held after
+# one step (1e-5; measured 4e-7) and 20 (2e-3 and half a point; measured
+# 2.6e-4 and 0.0001), and the mean train loss after 50 (1e-4; measured 5e-5).
+resnet() { spec_parity "fashion-resnet" "$SRC/examples/fashion-resnet.txtpb" \
+  "$BUILD/examples/fashion-resnet.pb" "$@"; }
+resnet 1 train_loss=1e-5 test_loss=1e-5
+resnet 20 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
+resnet 50 train_loss=1e-4
 
 # The GPT example at byte level on Debian's fortunes (embeddings, layer
 # norm, causal attention, GELU, residuals, the loss at every position):
