@@ -9,7 +9,9 @@
  * and learns, batch normalization's running statistics and dropout's masks
  * survive a checkpoint (a resumed job reproduces the uninterrupted one bit
  * for bit, evaluation included), the statistics are exported, and dropout
- * draws the same masks from the same seed and none in evaluation.
+ * draws the same masks from the same seed and none in evaluation. And a
+ * small GPT on text: accumulation equals one big batch, and it learns in
+ * fp32, fp16 and bf16 with accumulation.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -389,6 +391,121 @@ Test(layers, dropout_masks_come_from_the_seed) {
   cr_expect_eq(memcmp(w[0], w[1], n * sizeof(float)), 0, "the same seed, the same bits");
   cr_expect_neq(memcmp(w[0], w[2], n * sizeof(float)), 0, "rate 0.5 is not rate 0");
   for (int k = 0; k < 3; k++) free(w[k]);
+  gs_dataset_free(&tr);
+  gs_dataset_free(&te);
+}
+
+/* ------------------------------------------------------ language models --- */
+
+/* n sequences of T random words' bytes: a text a small GPT can learn. */
+static void text_set(uint64_t n, uint32_t t, uint64_t seed, gs_dataset *d) {
+  static const char *const words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat ", "and ",
+                                      "dog ", "ran ", "to ", "big ", "red ", "sun. "};
+  size_t len = (size_t)n * t + 1, o = 0;
+  char *text = malloc(len + 8);
+  cr_assert(text);
+  uint64_t st = seed;
+  while (o < len) {
+    const char *w = words[gs_rng_below(&st, sizeof words / sizeof *words)];
+    for (; *w && o < len; w++) text[o++] = *w;
+  }
+  cr_assert_eq(gs_dataset_load_tokens_mem_named((const uint8_t *)text, len, "text",
+                                                GS_TOKENS_TEXT, 0, t, d, &e),
+               0, "%s", e.msg);
+  free(text);
+}
+
+/* Embeddings, layer norm, causal attention, a GELU MLP, residuals, a head
+ * over the 256 byte values. */
+static tspec *tiny_gpt(uint32_t batch, uint32_t accum, gs_precision p) {
+  tspec *s = tokens(16);
+  embedding(s, 256, 24);
+  ts_name(s, "tok");
+  ts_add(s, GS_LAYER_POSITION_EMBEDDING);
+  ts_name(s, "pos");
+  ts_add(s, GS_LAYER_LAYER_NORM);
+  attention(s, 2, 12);
+  ts_name(s, "attn");
+  ts_add_layer(s, false);
+  ts_in(s, "attn", "pos", NULL);
+  ts_name(s, "res1");
+  ts_add(s, GS_LAYER_LAYER_NORM);
+  ts_dense(s, 48, false);
+  ts_add(s, GS_LAYER_GELU);
+  ts_dense(s, 24, false);
+  ts_name(s, "mlp_out");
+  ts_add_layer(s, false);
+  ts_in(s, "mlp_out", "res1", NULL);
+  ts_add(s, GS_LAYER_LAYER_NORM);
+  ts_dense(s, 256, false);
+  ts_recipe(s, batch, accum, 1, 3, p);
+  ts_adam(s, 3e-3f);
+  return s;
+}
+
+/* Accumulation over micro-batches equals one big batch for every layer of
+ * a GPT (none of them mixes examples, unlike batch normalization). */
+Test(layers, gpt_accumulation_equals_one_big_batch) {
+  gs_dataset tr;
+  text_set(256, 16, 7, &tr);
+  tspec *big = tiny_gpt(32, 1, GS_PRECISION_FLOAT32), *acc = tiny_gpt(8, 4, GS_PRECISION_FLOAT32);
+  gs_train_options o = {.threads = 2, .has_max_steps = true, .max_steps = 6};
+  rec ra = {0}, rb = {0};
+  o.on_step = on_step;
+  o.user = &ra;
+  gs_train *a = make(big, &tr, NULL, &o);
+  o.user = &rb;
+  gs_train *b = make(acc, &tr, NULL, &o);
+  cr_assert_eq(gs_train_run(a, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_train_run(b, &e), 0, "%s", e.msg);
+  size_t na, nb;
+  float *wa = all_params(a, &na), *wb = all_params(b, &nb);
+  cr_assert_eq(na, nb);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < na; i++) {
+    num += ((double)wa[i] - wb[i]) * ((double)wa[i] - wb[i]);
+    den += (double)wa[i] * wa[i];
+  }
+  double rel = sqrt(num / den);
+  cr_log_info("GPT, 4 x 8 against 1 x 32: relative weight error %g", rel);
+  cr_expect_lt(rel, 1e-5, "4 x 8 vs 1 x 32: relative weight error %g", rel);
+  for (size_t i = 0; i < ra.n; i++)
+    cr_expect_lt(fabsf(ra.loss[i] - rb.loss[i]), 1e-5f * (1 + fabsf(ra.loss[i])),
+                 "step %zu loss %g vs %g", i + 1, (double)ra.loss[i], (double)rb.loss[i]);
+  free(wa);
+  free(wb);
+  gs_train_destroy(a);
+  gs_train_destroy(b);
+  free(big);
+  free(acc);
+  gs_dataset_free(&tr);
+}
+
+/* The GPT learns in every precision, with accumulation: the held-out loss
+ * falls well below a uniform guess over 256 bytes (5.55). */
+Test(layers, gpt_learns_in_every_precision) {
+  gs_dataset all, tr, te;
+  text_set(576, 16, 9, &all);
+  cr_assert_eq(gs_dataset_slice(&all, 0, 512, &tr, &e), 0, "%s", e.msg);
+  cr_assert_eq(gs_dataset_slice(&all, 512, 64, &te, &e), 0, "%s", e.msg);
+  const gs_precision ps[3] = {GS_PRECISION_FLOAT32, GS_PRECISION_MIXED_FLOAT16,
+                              GS_PRECISION_MIXED_BFLOAT16};
+  for (int i = 0; i < 3; i++) {
+    tspec *s = tiny_gpt(16, 2, ps[i]);
+    s->spec.epochs = 6;
+    gs_train_options o = {.threads = 2};
+    gs_train *t = make(s, &tr, &te, &o);
+    cr_assert_eq(gs_train_run(t, &e), 0, "%s: %s", gs_precision_name(ps[i]), e.msg);
+    gs_train_result r;
+    gs_train_result_get(t, &r);
+    cr_log_info("GPT %s 16 x 2: held-out loss %.4f, next-byte accuracy %.3f",
+                gs_precision_name(ps[i]), (double)r.test_loss, (double)r.test_accuracy);
+    cr_expect_lt(r.test_loss, 2.0f, "%s: held-out loss %g", gs_precision_name(ps[i]),
+                 (double)r.test_loss);
+    gs_train_destroy(t);
+    free(s);
+  }
+  gs_dataset_free(&all);
   gs_dataset_free(&tr);
   gs_dataset_free(&te);
 }
