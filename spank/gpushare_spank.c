@@ -450,19 +450,28 @@ int slurm_spank_exit(spank_t sp, int ac, char **av) {
   spank_get_item(sp, S_JOB_STEPID, &step);
   char why[128];
   snprintf(why, sizeof why, "Slurm step %s ended", gsp.vdev + 6);
-  int rc = remove_vdevs(gsp.vdev, false, why);
+  /* Failing here would not bring the daemon back, and Slurm would count it
+   * against the node: the job epilog tries again. */
+  if (remove_vdevs(gsp.vdev, false, why) < 0)
+    gsp_error("gpushare: the vdev %s of the ended step is left to the job's epilog", gsp.vdev);
   gsp.vdev[0] = 0;
-  return rc;
+  return 0;
 }
 
 /* The job epilog, in slurmd as root: whatever vdev of this job a killed
- * step left behind. */
+ * step left behind. It never fails: Slurm drains a node whose epilog
+ * fails, and a gpushared out of reach (or a vdev it would not delete) is
+ * no reason to take the node from every other job; what is left is logged
+ * by name, for `gpuctl vdev delete`. */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
-  if (parse_args(ac, av)) return -1;
+  if (parse_args(ac, av)) return 0;
   uint32_t job = 0;
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
   char prefix[64], why[96];
   snprintf(prefix, sizeof prefix, "slurm-%" PRIu32 "-", job);
   snprintf(why, sizeof why, "Slurm job %" PRIu32 " ended (epilog)", job);
-  return remove_vdevs(prefix, true, why);
+  if (remove_vdevs(prefix, true, why) < 0)
+    gsp_error("gpushare: the vdevs of Slurm job %" PRIu32 " (%s*) are left in gpushared: "
+              "gpuctl vdev delete them once it answers", job, prefix);
+  return 0;
 }
