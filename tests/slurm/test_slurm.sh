@@ -163,16 +163,21 @@ out=$(as "$UA" srun --gres=shard:1 --gpushare-mem=1GiB echo STARTED 2>&1); rc=$?
 if [ $rc -ne 0 ] && ! grep -q STARTED <<<"$out" && grep -q 'needs 4 shards of 256.00 MiB.*--gres=shard:4' <<<"$out" &&
    grep -q 'needs 4 shards of 256.00 MiB.*--gres=shard:4' "$S/log/slurmd.log"; then pass "a step whose shards do not cover --gpushare-mem fails, telling the user how many it needs"
 else fail "shards below --gpushare-mem (rc $rc): $out"; fi
-# the daemon out of reach: the step fails saying so; the node stays up
+# the daemon out of reach: the step fails saying so; its job's epilog
+# cannot reach it either, and the node stays up (Slurm drains a node whose
+# epilog fails). The earlier jobs' epilogs run first, with the real socket.
+wait_for "the node is idle before the daemon goes out of reach" node_idle
 echo "required $SPANK_SO socket=$T/nowhere.sock unit=256MiB" >"$S/plugstack.conf"
 out=$(as "$UA" srun --gres=shard:1 --gpushare-mem=256MiB echo STARTED 2>&1); rc=$?
-echo "required $SPANK_SO socket=$SOCK unit=256MiB" >"$S/plugstack.conf"
 echo "$out" | sed "s/^/  | /"
 if [ $rc -ne 0 ] && ! grep -q STARTED <<<"$out" && grep -q "cannot reach gpushared on this node.*nowhere.sock" <<<"$out"; then
   pass "with gpushared out of reach, the step fails telling the user so"
 else fail "daemon out of reach (rc $rc): $out"; fi
-wait_for "the node is still up after a step that could not reach gpushared" node_idle \
+wait_for "the node is still up after a job whose step and epilog could not reach gpushared" node_idle \
   && pass "the node is not drained: $(sinfo -h -n localhost -o %t)"
+grep -q "the vdevs of Slurm job [0-9]* (slurm-[0-9]*-\*) are left in gpushared" "$S/log/slurmd.log" &&
+  pass "the epilog logs what it leaves by name" || fail "no epilog line in slurmd.log: $(tail -n 5 "$S/log/slurmd.log")"
+echo "required $SPANK_SO socket=$SOCK unit=256MiB" >"$S/plugstack.conf"
 
 # --- two tenants' steps at once; one job over its vdev is refused -----------
 as "$UA" srun --gres=shard:1 --gpushare-mem=256MiB "$GPUCTL" submit "$T/quick.pb" --watch >"$T/a.out" 2>&1 & PA=$!
