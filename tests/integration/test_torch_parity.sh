@@ -129,7 +129,7 @@ trained() {
 trained mlp 300
 trained cnn 100
 trained mobilenet 200
-trained resnet 150
+trained resnet 60
 [ -f /usr/share/games/fortunes/cookie ] && trained gpt 100
 
 # The loader names what does not fit: the CNN's weights are no MLP's (both
@@ -202,11 +202,11 @@ graph 50 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
 
 # The ResNet example (batch normalization in every block, residual adds
 # with 1x1 projections). Its evaluation reads the running statistics, and
-# early in training they and the test loss swing with any rounding: after
-# 50 steps PyTorch's own test loss is 1.806 on one thread and 1.843 on two
-# (its train loss 1.91013 and 1.91027). So the test figures are held after
-# one step (1e-5; measured 4e-7) and 20 (2e-3 and half a point; measured
-# 2.6e-4 and 0.0001), and the mean train loss after 50 (1e-4; measured 5e-5).
+# early in training they and the test loss swing with any rounding (after
+# 50 steps PyTorch's own test loss moves by 2% from one thread to two). So
+# the test figures are held after one step (1e-5; measured 4e-9) and 20
+# (2e-3 and half a point; measured 2.1e-4 and 0.0013), and the mean train
+# loss after 50 (1e-4).
 resnet() { spec_parity "fashion-resnet" "$SRC/examples/fashion-resnet.txtpb" \
   "$BUILD/examples/fashion-resnet.pb" "$@"; }
 resnet 1 train_loss=1e-5 test_loss=1e-5
