@@ -123,7 +123,7 @@ wait_state "$fixed" SUCCEEDED 180 && pass "job $fixed resumed and SUCCEEDED" || 
 
 # --- OOM recovery ---------------------------------------------------------------
 oo=$(submit oomer)
-wait_state "$oo" SUCCEEDED 180 && pass "job $oo came back from its run-time OOM and SUCCEEDED" || fail "job $oo: $(field "$oo" ".get('reason')")"
+wait_state "$oo" SUCCEEDED 600 && pass "job $oo came back from its run-time OOM and SUCCEEDED" || fail "job $oo: $(field "$oo" ".get('reason')")"
 [ "$(field "$oo" "['oom_retries']")" = 1 ] && pass "one OOM come back from" || fail "oom_retries: $(field "$oo" ".get('oom_retries')")"
 [ "$(field "$oo" "['micro_batch']")" = 32 ] && pass "at micro-batch 32 x 2" || fail "micro-batch $(field "$oo" "['micro_batch']")"
 [ "$(field "$oo" "['oom']['cause']")" = QUOTA ] && pass "its OOM report (QUOTA) is kept" || fail "no OOM report kept"
@@ -135,7 +135,7 @@ cl=$(submit low)
 steps_at_least "$cl" 60 && pass "job $cl runs" || fail "job $cl did not run"
 stop_daemon
 start_daemon
-wait_state "$cl" SUCCEEDED 180 && pass "job $cl resumed after the restart and SUCCEEDED" || fail "job $cl did not finish"
+wait_state "$cl" SUCCEEDED 600 && pass "job $cl resumed after the restart and SUCCEEDED" || fail "job $cl did not finish"
 A logs "$cl" >"$T/cl.log"
 grep -q "gpushared is stopping: checkpointed at step" "$T/cl.log" &&
   grep -q "gpushared started again: resuming from the checkpoint written when it stopped" "$T/cl.log" &&
