@@ -696,17 +696,28 @@ static bool oom_comeback(gs_daemon *d, gs_job *j, const Gpushare__Exec__V1__Fini
   } else {
     uint32_t n = r->oom_retries + 1;
     uint64_t wait_s = 5 * (uint64_t)(n < 12 ? n : 12);
-    if (cause == GPUSHARE__V1__OOM_CAUSE__PHYSICAL)
-      snprintf(reason, sizeof reason,
-               "run-time OOM (PHYSICAL): device %s is held by other vdevs; requeued to resume "
-               "from its last checkpoint when the memory is there (next try in %" PRIu64 " s)",
-               r->device ? r->device : "?", wait_s);
-    else
+    if (cause == GPUSHARE__V1__OOM_CAUSE__PHYSICAL) {
+      /* The scheduler starts it only when the device has room (physical_wait),
+       * making the room by preemption if its priority allows: no back-off,
+       * unless that room was not enough before. */
+      wait_s = r->oom_retries ? wait_s - 5 : 0;
+      if (wait_s)
+        snprintf(reason, sizeof reason,
+                 "run-time OOM (PHYSICAL): device %s is held by other vdevs; requeued to "
+                 "resume from its last checkpoint when the memory is there (next try in "
+                 "%" PRIu64 " s)",
+                 r->device ? r->device : "?", wait_s);
+      else
+        snprintf(reason, sizeof reason,
+                 "run-time OOM (PHYSICAL): device %s is held by other vdevs; requeued to "
+                 "resume from its last checkpoint when the device has room for it",
+                 r->device ? r->device : "?");
+    } else
       snprintf(reason, sizeof reason,
                "run-time OOM (%s): requeued as its spec asks (on_oom: OOM_REQUEUE) to resume "
                "from its last checkpoint in %" PRIu64 " s; try %" PRIu32 " of %u",
                oom_cause_name(cause), wait_s, n, d->cfg.oom_retries);
-    j->retry_after_ms = now + wait_s * 1000;
+    j->retry_after_ms = wait_s ? now + wait_s * 1000 : 0;
   }
   r->has_oom_retries = r->has_resume = 1;
   r->oom_retries++;
