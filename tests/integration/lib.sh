@@ -28,7 +28,8 @@ CONF
 cleanup() {
   if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then kill -KILL "$DPID" 2>/dev/null; fi
   if [ "$FAILS" -ne 0 ] && [ -f "$T/daemon.log" ]; then
-    echo "---- daemon log (last 40 lines) ----"; tail -n 40 "$T/daemon.log"
+    echo "---- daemon log (last 40 lines, connections left out) ----"
+    grep -v ' debug: connection from ' "$T/daemon.log" | tail -n 40
   fi
   rm -rf "$T"
 }

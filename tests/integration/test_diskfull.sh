@@ -138,12 +138,14 @@ resumed=0
 for id in "${IDS[@]}"; do
   s=$(seen_state "$id")
   [ "$s" = RUNNING ] || fail "round 2: job $id's watcher heard $s before the kill"
-  wait_state "$id" RUNNING 30 >/dev/null && resumed=$((resumed + 1))
+  if w=$(wait_state "$id" RUNNING 30); then resumed=$((resumed + 1))
+  else echo "# $w; its log:"; A logs "$id" 2>&1 | tail -n 5 | sed 's/^/#   /'; fi
 done
 [ $resumed = "${#IDS[@]}" ] && pass "round 2: after kill -9 and a restart, the jobs are RUNNING, as clients were told, and resume" ||
   fail "round 2: $resumed of ${#IDS[@]} jobs RUNNING after the restart"
 for id in "${IDS[@]}"; do A cancel "$id" >/dev/null 2>&1; done
-ok=0; for id in "${IDS[@]}"; do wait_state "$id" CANCELLED 30 >/dev/null && ok=$((ok + 1)); done
+ok=0; for id in "${IDS[@]}"; do
+  if w=$(wait_state "$id" CANCELLED 30); then ok=$((ok + 1)); else echo "# $w"; fi; done
 [ $ok = "${#IDS[@]}" ] && pass "round 2: cancelled, and stored so" || fail "round 2: $ok of ${#IDS[@]} cancelled"
 stop_daemon
 finish
