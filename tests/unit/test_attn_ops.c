@@ -28,31 +28,9 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "test_ops_util.h"
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state;
-static double urand(void) { /* uniform in [-1, 1) */
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
-}
-
-static double eps_dt(gs_dtype dt) {
-  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
-}
-
-static double round_dt(gs_dtype dt, double v) {
-  switch (dt) {
-  case GS_F16:
-    return gs_f16_to_f32(gs_f32_to_f16((float)v));
-  case GS_BF16:
-    return gs_bf16_to_f32(gs_f32_to_bf16((float)v));
-  default:
-    return (float)v;
-  }
-}
 
 /* x (n) random in [-scale, scale), exactly representable in dt */
 static double *rand_dt(gs_dtype dt, size_t n, double scale) {
@@ -60,27 +38,6 @@ static double *rand_dt(gs_dtype dt, size_t n, double scale) {
   for (size_t i = 0; i < n; i++)
     x[i] = round_dt(dt, urand() * scale);
   return x;
-}
-
-static void *to_dt(gs_dtype dt, const double *x, size_t n) {
-  void *p = calloc(n + 1, gs_dtype_size(dt));
-  for (size_t i = 0; i < n; i++) {
-    if (dt == GS_F32)
-      ((float *)p)[i] = (float)x[i];
-    else if (dt == GS_F16)
-      ((uint16_t *)p)[i] = gs_f32_to_f16((float)x[i]);
-    else
-      ((uint16_t *)p)[i] = gs_f32_to_bf16((float)x[i]);
-  }
-  return p;
-}
-
-static double get_dt(gs_dtype dt, const void *p, size_t i) {
-  if (dt == GS_F32)
-    return ((const float *)p)[i];
-  if (dt == GS_F16)
-    return gs_f16_to_f32(((const uint16_t *)p)[i]);
-  return gs_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
 static float *f32_filled(size_t n, float v) {
@@ -100,7 +57,7 @@ static void setup_ex(void) {
   cr_assert_eq(B->exec_create(B, &cfg, &EX), 0);
   gs_exec_config one = {.threads = 1, .device_index = 0};
   cr_assert_eq(B->exec_create(B, &one, &EX1), 0);
-  rng_state = 0x9e3779b97f4a7c15ull;
+  ops_seed();
 }
 
 static void teardown_ex(void) {
@@ -108,26 +65,8 @@ static void teardown_ex(void) {
   B->exec_destroy(EX1);
 }
 
-static void expect_close(const char *what, const char *name, size_t i, double got, double ref,
-                         double abs_tol, double rel) {
-  double tol = abs_tol + fabs(ref) * rel;
-  cr_assert(fabs(got - ref) <= tol, "%s %s[%zu]: got %.9g, want %.9g (tol %.3g)", what, name, i,
-            got, ref, tol);
-}
-
-/* d loss(ctx) / d v[i] for i < n, by central differences */
-static void fd_grad(double (*loss)(void *ctx), void *ctx, double *v, size_t n, double *g) {
-  const double h = 1e-4;
-  for (size_t i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double lp = loss(ctx);
-    v[i] = keep - h;
-    double lm = loss(ctx);
-    v[i] = keep;
-    g[i] = (lp - lm) / (2 * h);
-  }
-}
+/* central differences' step for the attention ops' references */
+static const double FD_H = 1e-4;
 
 static const gs_dtype ALL_DT[3] = {GS_F32, GS_F16, GS_BF16};
 
@@ -192,7 +131,7 @@ Test(attn_ops, embedding_forward_copies_rows_and_gradient_is_fd) {
     /* the gradient of sum(out * R) with respect to the table */
     size_t nt = (size_t)e.v * e.c;
     double *fd = calloc(nt + 1, sizeof *fd);
-    fd_grad(emb_ref_loss, &e, e.table, nt, fd);
+    fd_grad(emb_ref_loss, &e, e.table, nt, FD_H, fd);
     for (size_t i = 0; i < nt; i++)
       expect_close(gs_dtype_name(dt), "embedding dtable", i, (double)dtab[i] - 0.25, fd[i],
                    1e-5, 1e-5);
@@ -326,11 +265,11 @@ Test(attn_ops, posembed_forward_and_gradients) {
       cr_assert_eq(get_dt(dt, o.out, i), round_dt(dt, (float)(p.in[i] + p.pos[i % tc])),
                    "%s out[%zu]", gs_dtype_name(dt), i);
     double *fd = calloc(all + 1, sizeof *fd);
-    fd_grad(pos_ref_loss, &p, p.pos, tc, fd);
+    fd_grad(pos_ref_loss, &p, p.pos, tc, FD_H, fd);
     for (size_t i = 0; i < tc; i++)
       expect_close(gs_dtype_name(dt), "posembed dpos", i, (double)o.dpos[i] - 0.25, fd[i], 1e-5,
                    1e-5);
-    fd_grad(pos_ref_loss, &p, p.in, all, fd);
+    fd_grad(pos_ref_loss, &p, p.in, all, FD_H, fd);
     for (size_t i = 0; i < all; i++)
       expect_close(gs_dtype_name(dt), "posembed din", i, get_dt(dt, o.din, i), fd[i], 1e-5, 1e-5);
     free(fd);
@@ -517,7 +456,7 @@ Test(attn_ops, attention_fp32_against_definition_and_fd, .timeout = 120) {
     for (size_t i = 0; i < attn_nout(&a); i++)
       expect_close(what, "out", i, get_dt(GS_F32, o.out, i), a.out[i], 1e-5, 1e-5);
     double *fd = calloc(attn_nqkv(&a) + 1, sizeof *fd);
-    fd_grad(attn_ref_loss, &a, a.qkv, attn_nqkv(&a), fd);
+    fd_grad(attn_ref_loss, &a, a.qkv, attn_nqkv(&a), FD_H, fd);
     for (size_t i = 0; i < attn_nqkv(&a); i++)
       expect_close(what, "dqkv", i, get_dt(GS_F32, o.dqkv, i), fd[i], 2e-5, 1e-4);
     free(fd);

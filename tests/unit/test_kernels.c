@@ -29,57 +29,14 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h" /* the pool, for its placement test */
+#include "test_ops_util.h"
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state;
-static double urand(void) { /* uniform in [-1, 1) */
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
-}
-
-static double round_dt(gs_dtype dt, double v) {
-  switch (dt) {
-  case GS_F16:
-    return gs_f16_to_f32(gs_f32_to_f16((float)v));
-  case GS_BF16:
-    return gs_bf16_to_f32(gs_f32_to_bf16((float)v));
-  default:
-    return (float)v;
-  }
-}
-
-static double eps_dt(gs_dtype dt) {
-  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
-}
 
 /* fill x with random values exactly representable in dt */
 static void fill(gs_dtype dt, double *x, size_t n, double scale) {
   for (size_t i = 0; i < n; i++)
     x[i] = round_dt(dt, urand() * scale);
-}
-
-static void *to_dt(gs_dtype dt, const double *x, size_t n) {
-  void *p = malloc(n * gs_dtype_size(dt) + 1);
-  for (size_t i = 0; i < n; i++) {
-    if (dt == GS_F32)
-      ((float *)p)[i] = (float)x[i];
-    else if (dt == GS_F16)
-      ((uint16_t *)p)[i] = gs_f32_to_f16((float)x[i]);
-    else
-      ((uint16_t *)p)[i] = gs_f32_to_bf16((float)x[i]);
-  }
-  return p;
-}
-
-static double get_dt(gs_dtype dt, const void *p, size_t i) {
-  if (dt == GS_F32)
-    return ((const float *)p)[i];
-  if (dt == GS_F16)
-    return gs_f16_to_f32(((const uint16_t *)p)[i]);
-  return gs_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
 static gs_backend *B;
@@ -89,20 +46,10 @@ static void setup_ex(void) {
   B = gs_backend_cpu();
   gs_exec_config cfg = {.threads = 2, .device_index = 0};
   cr_assert_eq(B->exec_create(B, &cfg, &EX), 0);
-  rng_state = 0x9e3779b97f4a7c15ull;
+  ops_seed();
 }
 
 static void teardown_ex(void) { B->exec_destroy(EX); }
-
-/* exactly the bytes the query returned (NULL for 0), so overruns trip ASan */
-static void *ws_alloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
-
-static void expect_close(const char *what, const char *name, size_t i, double got, double ref,
-                         double abs_tol, double rel) {
-  double tol = abs_tol + fabs(ref) * rel;
-  cr_assert(fabs(got - ref) <= tol, "%s %s[%zu]: got %.9g, want %.9g (tol %.3g)", what, name, i,
-            got, ref, tol);
-}
 
 /* ---- the layer ops under test, as one case type ---- */
 
@@ -223,7 +170,7 @@ static double ref_loss(layer *L) {
 
 /* d loss / d v[i] by central differences (exact for the piecewise-linear
  * ops here, up to double rounding, as long as no kink lies within h) */
-static void fd_grad(layer *L, double *v, size_t n, double *g) {
+static void layer_fd_grad(layer *L, double *v, size_t n, double *g) {
   const double h = 1e-4;
   for (size_t i = 0; i < n; i++) {
     double keep = v[i];
@@ -380,13 +327,13 @@ static void check_gradients(const tcase *t) {
   ref_forward(&L);
   for (size_t i = 0; i < L.ny; i++)
     expect_close(t->name, "out", i, out[i], L.y[i], 1e-5, 1e-5);
-  fd_grad(&L, L.x, L.nx, fd);
+  layer_fd_grad(&L, L.x, L.nx, fd);
   for (size_t i = 0; i < L.nx; i++)
     expect_close(t->name, "din", i, din[i], fd[i], 1e-5, 1e-5);
-  fd_grad(&L, L.w, L.nw, fd);
+  layer_fd_grad(&L, L.w, L.nw, fd);
   for (size_t i = 0; i < L.nw; i++)
     expect_close(t->name, "dw", i, dw[i], fd[i], 1e-5, 1e-5);
-  fd_grad(&L, L.b, L.nb, fd);
+  layer_fd_grad(&L, L.b, L.nb, fd);
   for (size_t i = 0; i < L.nb; i++)
     expect_close(t->name, "db", i, db[i], fd[i], 1e-5, 1e-5);
   free(out), free(din), free(dw), free(db), free(fd);

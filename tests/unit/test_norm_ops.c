@@ -23,59 +23,14 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "test_ops_util.h"
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state;
-static double urand(void) { /* uniform in [-1, 1) */
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
-}
-
-static double round_dt(gs_dtype dt, double v) {
-  switch (dt) {
-  case GS_F16:
-    return gs_f16_to_f32(gs_f32_to_f16((float)v));
-  case GS_BF16:
-    return gs_bf16_to_f32(gs_f32_to_bf16((float)v));
-  default:
-    return (float)v;
-  }
-}
-
-static double eps_dt(gs_dtype dt) {
-  return dt == GS_F16 ? 0x1p-10 : dt == GS_BF16 ? 0x1p-7 : 0x1p-20;
-}
 
 /* x[i] = random values in [offset - scale, offset + scale), exact in dt */
 static void fill(gs_dtype dt, double *x, size_t n, double offset, double scale) {
   for (size_t i = 0; i < n; i++)
     x[i] = round_dt(dt, offset + urand() * scale);
-}
-
-/* a dt array of x (malloc'd; one spare byte so that n = 0 is not NULL) */
-static void *to_dt(gs_dtype dt, const double *x, size_t n) {
-  void *p = malloc(n * gs_dtype_size(dt) + 1);
-  cr_assert(p);
-  for (size_t i = 0; i < n; i++) {
-    if (dt == GS_F32)
-      ((float *)p)[i] = (float)x[i];
-    else if (dt == GS_F16)
-      ((uint16_t *)p)[i] = gs_f32_to_f16((float)x[i]);
-    else
-      ((uint16_t *)p)[i] = gs_f32_to_bf16((float)x[i]);
-  }
-  return p;
-}
-
-static double get_dt(gs_dtype dt, const void *p, size_t i) {
-  if (dt == GS_F32)
-    return ((const float *)p)[i];
-  if (dt == GS_F16)
-    return gs_f16_to_f32(((const uint16_t *)p)[i]);
-  return gs_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
 static double *dalloc(size_t n) {
@@ -107,41 +62,13 @@ static void setup_ex(void) {
   EX = make_ex(2);
   EX1 = make_ex(1);
   EX3 = make_ex(3);
-  rng_state = 0x9e3779b97f4a7c15ull;
+  ops_seed();
 }
 
 static void teardown_ex(void) {
   B->exec_destroy(EX);
   B->exec_destroy(EX1);
   B->exec_destroy(EX3);
-}
-
-/* exactly the bytes the query returned (NULL for 0), so overruns trip ASan */
-static void *ws_alloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
-
-static void expect_close(const char *what, const char *name, size_t i, double got, double ref,
-                         double abs_tol, double rel) {
-  double tol = abs_tol + fabs(ref) * rel;
-  cr_assert(fabs(got - ref) <= tol, "%s %s[%zu]: got %.9g, want %.9g (tol %.3g)", what, name, i,
-            got, ref, tol);
-}
-
-/* The double reference of an op as a scalar loss sum(out * R) of its
- * inputs, for central differences: loss(ctx) reads the arrays the test
- * perturbs. */
-typedef double (*loss_fn)(void *ctx);
-
-/* g[i] = d loss / d v[i], central differences with step h */
-static void fd_grad(loss_fn loss, void *ctx, double *v, size_t n, double h, double *g) {
-  for (size_t i = 0; i < n; i++) {
-    double keep = v[i];
-    v[i] = keep + h;
-    double lp = loss(ctx);
-    v[i] = keep - h;
-    double lm = loss(ctx);
-    v[i] = keep;
-    g[i] = (lp - lm) / (2 * h);
-  }
 }
 
 static void expect_bits(const char *what, const void *a, const void *b, size_t bytes) {
