@@ -27,20 +27,10 @@
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/train.h"
-#include "tests/unit/test_train_util.h"
+#include "tests/unit/test_train_run.h"
 
-static gs_backend *B;
-static gs_alloc *A;
-static gs_err e;
 
-static void setup(void) {
-  B = gs_backend_cpu();
-  cr_assert_eq(gs_alloc_create(B, 0, 512ull << 20, GS_POLICY_GROWTH, &A), 0);
-  gs_err_clear(&e);
-}
-static void teardown(void) { gs_alloc_destroy(A); }
-
-TestSuite(layers, .init = setup, .fini = teardown, .timeout = 600);
+TestSuite(layers, .init = run_setup, .fini = run_teardown, .timeout = 600);
 
 /* ------------------------------------------------------------ validation --- */
 
@@ -241,68 +231,20 @@ static void on_epoch(void *u, const gs_train_epoch *m) {
   if (r->epochs < 8) r->test_loss[r->epochs++] = m->test_loss;
 }
 
-static gs_train *make(tspec *s, const gs_dataset *tr, const gs_dataset *te,
-                      gs_train_options *o) {
-  gs_train *t = NULL;
-  gs_train_failure f;
-  cr_assert_eq(gs_train_create(&s->spec, B, A, tr, te, o, &t, &f, &e), 0, "create: %s: %s",
-               e.field, e.msg);
-  return t;
-}
-
-static float *all_params(gs_train *t, size_t *count) {
-  const gs_model *m = gs_train_model(t);
-  size_t n = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++) n += m->layers[i].param_count;
-  float *v = malloc(n * sizeof *v);
-  size_t o = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    for (uint32_t p = 0; p < m->layers[i].n_params; p++) {
-      size_t c = m->layers[i].params[p].count;
-      cr_assert_eq(gs_train_read_param(t, i, p, v + o, c), 0);
-      o += c;
-    }
-  *count = n;
-  return v;
-}
-
 static void resume_case(gs_precision p) {
   gs_dataset tr, te;
   synth(512, 64, &tr, &te);
-  char path[] = "/tmp/gs_test_layers_ckpt_XXXXXX";
-  int fd = mkstemp(path);
-  cr_assert_geq(fd, 0);
-  close(fd);
   const uint64_t S = 40, N = 21; /* 16 steps an epoch: stops inside epoch 2 */
   tspec *s = bn_net(p, 0.3f);
   rec *full = calloc(1, sizeof *full), *part = calloc(1, sizeof *part);
-  gs_train_options o = {.threads = 2, .on_step = on_step, .on_epoch = on_epoch, .user = full,
-                        .has_max_steps = true, .max_steps = S};
-  gs_train *t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  size_t n;
-  float *w_full = all_params(t, &n);
-  gs_train_destroy(t);
-
-  o.user = part;
-  o.max_steps = N;
-  o.checkpoint_path = path;
-  o.checkpoint_every = 7;
-  t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  gs_train_destroy(t);
-  o.max_steps = S;
-  o.checkpoint_path = NULL;
-  o.resume_path = path;
-  t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  float *w_res = all_params(t, &n);
-  gs_train_destroy(t);
+  gs_train_options o = {.threads = 2, .on_step = on_step, .on_epoch = on_epoch};
+  resumed r;
+  resume_runs(s, &tr, &te, o, full, part, S, N, &r);
   cr_assert_eq(part->n, S);
   cr_expect_eq(memcmp(full->loss, part->loss, S * sizeof(float)), 0,
                "%s: the losses go on as if never stopped (dropout's masks, the running "
                "statistics)", gs_precision_name(p));
-  cr_expect_eq(memcmp(w_full, w_res, n * sizeof(float)), 0, "%s: the same final weights",
+  cr_expect_eq(memcmp(r.w_full, r.w_res, r.n * sizeof(float)), 0, "%s: the same final weights",
                gs_precision_name(p));
   /* The last evaluation reads batch normalization's running statistics:
    * equal only if the checkpoint kept them. */
@@ -312,12 +254,11 @@ static void resume_case(gs_precision p) {
                0, "%s: the same test loss after the resume: %g vs %g", gs_precision_name(p),
                (double)full->test_loss[full->epochs - 1],
                (double)part->test_loss[part->epochs - 1]);
-  free(w_full);
-  free(w_res);
+  free(r.w_full);
+  free(r.w_res);
   free(full);
   free(part);
   free(s);
-  unlink(path);
   gs_dataset_free(&tr);
   gs_dataset_free(&te);
 }
@@ -380,7 +321,7 @@ Test(layers, dropout_masks_come_from_the_seed) {
     gs_train_options o = {.threads = 2};
     gs_train *t = make(s, &tr, &te, &o);
     cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-    w[k] = all_params(t, &n);
+    w[k] = params(t, &n);
     float l1, a1, l2, a2;
     cr_assert_eq(gs_train_evaluate(t, &l1, &a1, &e), 0);
     cr_assert_eq(gs_train_evaluate(t, &l2, &a2, &e), 0);
@@ -459,7 +400,7 @@ Test(layers, gpt_accumulation_equals_one_big_batch) {
   cr_assert_eq(gs_train_run(a, &e), 0, "%s", e.msg);
   cr_assert_eq(gs_train_run(b, &e), 0, "%s", e.msg);
   size_t na, nb;
-  float *wa = all_params(a, &na), *wb = all_params(b, &nb);
+  float *wa = params(a, &na), *wb = params(b, &nb);
   cr_assert_eq(na, nb);
   double num = 0, den = 0;
   for (size_t i = 0; i < na; i++) {

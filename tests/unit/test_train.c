@@ -22,22 +22,12 @@
 #include "runtime/data.h"
 #include "runtime/safetensors.h"
 #include "runtime/train.h"
-#include "tests/unit/test_train_util.h"
+#include "tests/unit/test_train_run.h"
 
 #define MAX_STEPS_REC 4096
 
-static gs_backend *B;
-static gs_alloc *A;
-static gs_err e;
 
-static void setup(void) {
-  B = gs_backend_cpu();
-  cr_assert_eq(gs_alloc_create(B, 0, 512ull << 20, GS_POLICY_GROWTH, &A), 0);
-  gs_err_clear(&e);
-}
-static void teardown(void) { gs_alloc_destroy(A); }
-
-TestSuite(train, .init = setup, .fini = teardown, .timeout = 600);
+TestSuite(train, .init = run_setup, .fini = run_teardown, .timeout = 600);
 
 typedef struct rec {
   size_t n;
@@ -82,14 +72,6 @@ static tspec *small_mlp(uint32_t batch, uint32_t accum, uint32_t epochs, gs_prec
   return t;
 }
 
-static gs_train *make(tspec *s, const gs_dataset *tr, const gs_dataset *te, gs_train_options *o) {
-  gs_train *t = NULL;
-  gs_train_failure f;
-  int rc = gs_train_create(&s->spec, B, A, tr, te, o, &t, &f, &e);
-  cr_assert_eq(rc, 0, "create: %s: %s", e.field, e.msg);
-  return t;
-}
-
 /* Train spec s on tr to the end on `threads` threads, each step's loss into
  * r; frees s. */
 static void train_rec(tspec *s, const gs_dataset *tr, int threads, rec *r) {
@@ -98,24 +80,6 @@ static void train_rec(tspec *s, const gs_dataset *tr, int threads, rec *r) {
   cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
   gs_train_destroy(t);
   free(s);
-}
-
-/* All parameters of a job, concatenated (fp32 masters). */
-static float *params(gs_train *t, size_t *count) {
-  const gs_model *m = gs_train_model(t);
-  size_t n = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    for (uint32_t p = 0; p < m->layers[i].n_params; p++) n += m->layers[i].params[p].count;
-  float *v = malloc(n * sizeof *v);
-  size_t o = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    for (uint32_t p = 0; p < m->layers[i].n_params; p++) {
-      size_t c = m->layers[i].params[p].count;
-      cr_assert_eq(gs_train_read_param(t, i, p, v + o, c), 0);
-      o += c;
-    }
-  *count = n;
-  return v;
 }
 
 Test(train, accumulation_equals_one_big_batch) {
@@ -348,58 +312,27 @@ Test(train, gather_split_over_threads_same_bits) {
 static void resume_case(gs_precision precision, uint32_t threads) {
   gs_dataset tr, te;
   synth(512, 64, &tr, &te);
-  char path[] = "/tmp/gs_test_train_ckpt_XXXXXX";
-  int fd = mkstemp(path);
-  cr_assert_geq(fd, 0);
-  close(fd);
   const uint64_t S = 40, N = 21; /* 16 steps per epoch: stops mid-epoch 2 */
   tspec *s = small_mlp(16, 2, 3, precision);
   ts_loss_scale(s, 1024.0f, 4);
   rec *full = calloc(1, sizeof *full), *part = calloc(1, sizeof *part);
-  gs_train_options o = {.threads = (int)threads, .on_step = rec_step,
-                        .user = full, .has_max_steps = true, .max_steps = S};
-  gs_train *t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  size_t n;
-  float *w_full = params(t, &n);
-  gs_train_result r_full;
-  gs_train_result_get(t, &r_full);
-  gs_train_destroy(t);
-
-  /* First part: stops after N steps; checkpoints every 7 steps, at the
-   * epoch end and at the stop. */
-  o.user = part;
-  o.max_steps = N;
-  o.checkpoint_path = path;
-  o.checkpoint_every = 7;
-  t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  gs_train_destroy(t);
-  /* Second part: a fresh job from the checkpoint. */
-  o.max_steps = S;
-  o.checkpoint_path = NULL;
-  o.resume_path = path;
-  t = make(s, &tr, &te, &o);
-  cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  float *w_res = params(t, &n);
-  gs_train_result r_res;
-  gs_train_result_get(t, &r_res);
-  gs_train_destroy(t);
+  gs_train_options o = {.threads = (int)threads, .on_step = rec_step};
+  resumed r;
+  resume_runs(s, &tr, &te, o, full, part, S, N, &r);
   cr_assert_eq(full->n, S);
   cr_assert_eq(part->n, S, "N steps, then S - N after the resume");
   cr_expect_eq(memcmp(full->loss, part->loss, S * sizeof(float)), 0,
                "the loss sequence continues as if never stopped");
-  cr_expect_eq(memcmp(w_full, w_res, n * sizeof(float)), 0, "bit-identical final weights");
-  cr_expect_eq(r_res.steps, S);
-  cr_expect_eq(r_res.loss_scale, r_full.loss_scale);
-  cr_expect_eq(r_res.skipped_steps, r_full.skipped_steps);
-  cr_expect_eq(r_res.test_accuracy, r_full.test_accuracy);
-  free(w_full);
-  free(w_res);
+  cr_expect_eq(memcmp(r.w_full, r.w_res, r.n * sizeof(float)), 0, "bit-identical final weights");
+  cr_expect_eq(r.res.steps, S);
+  cr_expect_eq(r.res.loss_scale, r.full.loss_scale);
+  cr_expect_eq(r.res.skipped_steps, r.full.skipped_steps);
+  cr_expect_eq(r.res.test_accuracy, r.full.test_accuracy);
+  free(r.w_full);
+  free(r.w_res);
   free(full);
   free(part);
   free(s);
-  unlink(path);
   gs_dataset_free(&tr);
   gs_dataset_free(&te);
 }
