@@ -118,6 +118,25 @@ LONG_JOB='model { input { height: 8 width: 8 channels: 1 } layer { flatten {} } 
 need_protoc() { command -v protoc >/dev/null || { echo "skip: protoc not installed"; exit 77; }; }
 # json_field EXPR: print d<EXPR> of the JSON document on stdin.
 json_field() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
+# A ARGS / B ARGS: gpuctl as tenant a's user (uid 4001) and tenant b's
+# (uid 4002), unprivileged.
+A() { ctl_as 4001 65534 "$@"; }
+B() { ctl_as 4002 65534 "$@"; }
+# st ID EXPR: d['job']EXPR of job ID's status, e.g. st 3 "['state']".
+st() { ctl --json status "$1" | json_field "['job']$2"; }
+# ckpt_job NAME VDEV STEPS: $T/NAME.pb (and .txtpb), a 784-256-10 MLP on
+# synthetic data for STEPS steps that checkpoints every 25.
+ckpt_job() {
+  cat >"$T/$1.txtpb" <<JOB
+name: "$1" vdev: "$2"
+model { input { height: 28 width: 28 channels: 1 }
+  layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 10 } } }
+train { synthetic { examples: 4096 seed: 7 classes: 10 } }
+batch_size: 64 epochs: 1000 max_steps: $3 seed: 1 checkpoint_every_steps: 25
+optimizer { adam { learning_rate: 0.001 } }
+JOB
+  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
+  chmod 644 "$T/$1.pb"; }
 # wait_state ID STATE [SECONDS]: until job ID is in STATE (default 60 s).
 wait_state() {
   local s; for _ in $(seq $((${3:-60} * 10))); do

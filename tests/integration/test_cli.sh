@@ -12,7 +12,6 @@ need_protoc
 job() { printf '%s\n' "$2" >"$T/$1.txtpb"
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
   chmod 644 "$T/$1.pb"; }
-A() { ctl_as 4001 65534 "$@"; }
 
 start_daemon
 expect_ok "tenant a" ctl tenant create a --uid 4001

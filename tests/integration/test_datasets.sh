@@ -51,7 +51,6 @@ job() { printf '%s\n' "$2" >"$T/$1.txtpb"
 start_daemon
 expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --policy growth --tenant a
-A() { ctl_as 4001 65534 "$@"; }
 count() { A --json dataset list | $PY -c "import json,sys; print(len(json.load(sys.stdin).get('dataset', [])))"; }
 
 # --- an .npy pair trained to SUCCEEDED ------------------------------------

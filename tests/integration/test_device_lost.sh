@@ -13,24 +13,6 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
-job() {
-  cat >"$T/$1.txtpb" <<JOB
-name: "$1" vdev: "$2"
-model { input { height: 28 width: 28 channels: 1 }
-  layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 10 } } }
-train { synthetic { examples: 4096 seed: 7 classes: 10 } }
-batch_size: 64 epochs: 1000 max_steps: $3 seed: 1 checkpoint_every_steps: 25
-optimizer { adam { learning_rate: 0.001 } }
-JOB
-  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
-  chmod 644 "$T/$1.pb"; }
-st() { ctl --json status "$1" | json_field "['job']$2"; }
-wait_state() {  # wait_state ID STATE [SECONDS]
-  local s; for _ in $(seq $((${3:-60} * 10))); do
-    s=$(st "$1" "['state']" 2>/dev/null); [ "$s" = "$2" ] && return 0; sleep 0.1; done
-  echo "job $1 is $s, not $2"; return 1; }
-A() { ctl_as 4001 65534 "$@"; }
-B() { ctl_as 4002 65534 "$@"; }
 
 export GPUSHARE_EXECUTOR_FAILPOINT=device-fault:faulter:40
 start_daemon
@@ -39,7 +21,7 @@ expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --tenant a
 expect_ok "vdev b0" ctl vdev create b0 --memory 256MiB --compute 50 --tenant b
-job steady b0 1500; job faulter a0 400
+ckpt_job steady b0 1500; ckpt_job faulter a0 400
 expect_ok "b's job" B submit "$T/steady.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$jb" RUNNING || fail "b's job not running"
 for _ in $(seq 300); do [ "$(st "$jb" ".get('step',0)")" -ge 60 ] && break; sleep 0.1; done

@@ -26,7 +26,6 @@ job() {
     | protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto >"$T/$1.pb"
   chmod 644 "$T/$1.pb"
 }
-A() { ctl_as 4001 65534 "$@"; }
 db_state() {  # db_state ID: the state the store holds, by name
   local s; s=$(sqlite3 "file:$STATE/gpushared.db?mode=ro" "SELECT state FROM jobs WHERE id = $1" 2>/dev/null)
   case "$s" in 0) echo QUEUED ;; 1) echo RUNNING ;; 2) echo SUCCEEDED ;; 3) echo FAILED ;; 4) echo CANCELLED ;; *) echo "?$s" ;; esac

@@ -21,7 +21,6 @@ unset GPUSHARE_EXECUTOR_FAILPOINT
 OUTD=$T/out; mkdir -p "$OUTD"; chmod 777 "$OUTD"   # where the tenant writes fetched files
 expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "vdev a0" ctl vdev create a0 --memory 1GiB --compute 50 --policy growth --tenant a
-A() { ctl_as 4001 65534 "$@"; }
 # job NAME EXTRA: a dense net on a small synthetic set (all jobs share it,
 # so its 2 MiB are charged to the vdev once).
 job() { printf '%s\n' "name: \"$1\" vdev: \"a0\" seed: 3 epochs: 100 checkpoint_every_steps: 50

@@ -14,25 +14,6 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 need_protoc
-# job NAME VDEV STEPS: a 784-256-10 MLP on synthetic data, checkpoints every 25 steps
-job() {
-  cat >"$T/$1.txtpb" <<JOB
-name: "$1" vdev: "$2"
-model { input { height: 28 width: 28 channels: 1 }
-  layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 10 } } }
-train { synthetic { examples: 4096 seed: 7 classes: 10 } }
-batch_size: 64 epochs: 1000 max_steps: $3 seed: 1 checkpoint_every_steps: 25
-optimizer { adam { learning_rate: 0.001 } }
-JOB
-  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
-  chmod 644 "$T/$1.pb"; }
-st() { ctl --json status "$1" | json_field "['job']$2"; }
-wait_state() {  # wait_state ID STATE [SECONDS]
-  local s; for _ in $(seq $((${3:-60} * 10))); do
-    s=$(st "$1" "['state']" 2>/dev/null); [ "$s" = "$2" ] && return 0; sleep 0.1; done
-  echo "job $1 is $s, not $2"; return 1; }
-A() { ctl_as 4001 65534 "$@"; }
-B() { ctl_as 4002 65534 "$@"; }
 executor_pid() { pgrep -f "gpushare-executor --device cpu .*$STATE" | head -n 1; }
 
 export GPUSHARE_EXECUTOR_FAILPOINT=kernel-crash:crasher:40
@@ -44,7 +25,7 @@ expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --tenant a
 expect_ok "vdev b0" ctl vdev create b0 --memory 256MiB --compute 50 --tenant b
 [ ! -e "$STATE/executor-cpu.crash" ] && pass "a running executor leaves no crash file" ||
   fail "a crash file exists before any crash: $(ls -l "$STATE/executor-cpu.crash")"
-job steady b0 3000; job crasher a0 400
+ckpt_job steady b0 3000; ckpt_job crasher a0 400
 expect_ok "b's job" B submit "$T/steady.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$jb" RUNNING || fail "b's job not running"
 B watch "$jb" >"$T/watch.out" 2>&1 & WPID=$!

@@ -56,7 +56,6 @@ train { synthetic { examples: 4096 seed: 7 classes: 4 } }
 test { synthetic { examples: 512 seed: 7 classes: 4 } }
 batch_size: 32 epochs: 10000 max_steps: $2 seed: 1 checkpoint_every_steps: $3
 optimizer { adam { learning_rate: 0.003 } }"; }
-A() { ctl_as 4001 65534 "$@"; }
 ms() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 # submit NAME STEPS: as the tenant, booking what gpuctl said. 0 if accepted.
 submit() {

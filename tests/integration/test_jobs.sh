@@ -25,8 +25,6 @@ expect_ok "tenant a" ctl tenant create a --uid 4001 --max-running 4 --max-queued
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "vdev a0 (256 MiB)" ctl vdev create a0 --memory 256MiB --compute 65 --policy growth --tenant a
 expect_ok "vdev b0 (256 MiB)" ctl vdev create b0 --memory 256MiB --compute 25 --policy growth --tenant b
-A() { ctl_as 4001 65534 "$@"; }
-B() { ctl_as 4002 65534 "$@"; }
 
 # --- submit -> watch -> SUCCEEDED on real data ------------------------------
 if $PY "$HERE/fashion_slice.py" 6000 "$T" >/dev/null; then

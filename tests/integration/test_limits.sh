@@ -13,7 +13,6 @@ need_protoc
 
 L() { $PY "$HERE/limits_client.py" "$@"; }
 R() { $PY "$HERE/rawframe.py" "$SOCK" "$@"; }
-A() { ctl_as 4001 65534 "$@"; }
 val() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2" | head -n1; }   # val KEY OUTPUT
 wait_state() {  # wait_state ID STATE
   local s; for _ in $(seq 600); do

@@ -27,8 +27,6 @@ optimizer { adam { learning_rate: 0.001 } }
 JOB
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
   chmod 644 "$T/$1.pb"; }
-A() { ctl_as 4001 65534 "$@"; }
-B() { ctl_as 4002 65534 "$@"; }
 
 start_daemon
 expect_ok "devices" ctl --json devices

@@ -14,7 +14,6 @@ DB=$STATE/gpushared.db
 printf 'name: "short" vdev: "a0" %s max_steps: 20\n' "$LONG_JOB" |
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto >"$T/short.pb"
 chmod 644 "$T/short.pb"
-A() { ctl_as 4001 65534 "$@"; }
 submit_short() {
   local out; out=$(A submit "$T/short.pb" 2>&1)
   [[ "$out" =~ ^job\ ([0-9]+)\ submitted ]] || { fail "submit: $out"; return 1; }
