@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_dtype.cuh"
 #include "kernels/cuda_sizes.h"
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_window.cuh"
 
 /* ---- residual sums ---- */
 
@@ -488,34 +489,10 @@ int gs_cuda_dropout_backward(gs_exec *ex, gs_dtype dt, void *din, const void *do
 
 /* ---- average pool (VALID) ---- */
 
-typedef struct pgeo {
-  int n, h, w, c, kh, kw, stride, oh, ow;
-} pgeo;
-
-static pgeo pgeo_of(const gs_conv_shape *s) {
-  pgeo g;
-  g.n = (int)s->n;
-  g.h = (int)s->h;
-  g.w = (int)s->w;
-  g.c = (int)s->c;
-  g.kh = (int)s->kh;
-  g.kw = (int)s->kw;
-  g.stride = (int)s->stride;
-  g.oh = (int)gs_window_out(s->h, s->kh, s->stride, false);
-  g.ow = (int)gs_window_out(s->w, s->kw, s->stride, false);
-  return g;
-}
-
 template <int D>
-__global__ void avgpool_fwd_k(pgeo g, typename st<D>::T *out, const typename st<D>::T *in) {
+__global__ void avgpool_fwd_k(kgeo g, typename st<D>::T *out, const typename st<D>::T *in) {
   GS_GRID_STRIDE(i, (size_t)g.n * g.oh * g.ow * g.c) {
-    int ci = (int)(i % g.c);
-    size_t t = i / g.c;
-    int ox = (int)(t % g.ow);
-    t /= g.ow;
-    int oy = (int)(t % g.oh), img = (int)(t / g.oh);
-    size_t base =
-        (((size_t)img * g.h + (size_t)oy * g.stride) * g.w + (size_t)ox * g.stride) * g.c + ci;
+    size_t base = pool_window(g, i);
     float acc = 0.0f;
     for (int ky = 0; ky < g.kh; ky++)
       for (int kx = 0; kx < g.kw; kx++)
@@ -527,21 +504,13 @@ __global__ void avgpool_fwd_k(pgeo g, typename st<D>::T *out, const typename st<
 /* din: each input element sums dout over the windows that contain it, in
  * the CPU's order (oy, then ox) */
 template <int D>
-__global__ void avgpool_bwd_k(pgeo g, typename st<D>::T *din, const typename st<D>::T *dout) {
+__global__ void avgpool_bwd_k(kgeo g, typename st<D>::T *din, const typename st<D>::T *dout) {
   GS_GRID_STRIDE(i, (size_t)g.n * g.h * g.w * g.c) {
-    int ci = (int)(i % g.c);
-    size_t t = i / g.c;
-    int ix = (int)(t % g.w);
-    t /= g.w;
-    int iy = (int)(t % g.h), img = (int)(t / g.h);
-    /* windows oy with oy*s <= iy <= oy*s + kh - 1, likewise ox */
-    int oy0 = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.stride) / g.stride;
-    int ox0 = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.stride) / g.stride;
-    int oy1 = min(iy / g.stride, g.oh - 1), ox1 = min(ix / g.stride, g.ow - 1);
+    pool_in p = pool_windows_of(g, i);
     float acc = 0.0f;
-    for (int oy = oy0; oy <= oy1; oy++)
-      for (int ox = ox0; ox <= ox1; ox++)
-        acc += st<D>::load(dout[(((size_t)img * g.oh + oy) * g.ow + ox) * g.c + ci]);
+    for (int oy = p.oy0; oy <= p.oy1; oy++)
+      for (int ox = p.ox0; ox <= p.ox1; ox++)
+        acc += st<D>::load(dout[pool_out_at(g, p.img, oy, ox, p.ci)]);
     din[i] = st<D>::store(acc / (float)(g.kh * g.kw));
   }
 }
@@ -549,7 +518,7 @@ __global__ void avgpool_bwd_k(pgeo g, typename st<D>::T *din, const typename st<
 int gs_cuda_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
                             const gs_conv_shape *s) {
   int rc = gs_cuda_enter(ex);
-  pgeo g = pgeo_of(s);
+  kgeo g = kgeo_of(s, false);
   size_t count = (size_t)g.n * g.oh * g.ow * g.c;
   if (rc || count == 0)
     return rc;
@@ -562,7 +531,7 @@ int gs_cuda_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
 int gs_cuda_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                              const gs_conv_shape *s) {
   int rc = gs_cuda_enter(ex);
-  pgeo g = pgeo_of(s);
+  kgeo g = kgeo_of(s, false);
   size_t count = (size_t)g.n * g.h * g.w * g.c;
   if (rc || count == 0)
     return rc;

@@ -39,29 +39,9 @@
 
 #include "kernels/cuda/cuda_dtype.cuh"
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_window.cuh"
 
 /* Geometry of a window op, by value into the kernels. */
-typedef struct kgeo {
-  int n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
-} kgeo;
-
-static kgeo kgeo_of(const gs_conv_shape *s, bool same) {
-  kgeo g;
-  g.n = (int)s->n;
-  g.h = (int)s->h;
-  g.w = (int)s->w;
-  g.c = (int)s->c;
-  g.kh = (int)s->kh;
-  g.kw = (int)s->kw;
-  g.stride = (int)s->stride;
-  g.f = (int)s->f;
-  g.oh = (int)gs_window_out(s->h, s->kh, s->stride, same);
-  g.ow = (int)gs_window_out(s->w, s->kw, s->stride, same);
-  g.pt = (int)gs_window_pad(s->h, s->kh, s->stride, same);
-  g.pl = (int)gs_window_pad(s->w, s->kw, s->stride, same);
-  return g;
-}
-
 /* ---- column sums (bias gradients), bias rows ---- */
 
 #define GS_RED_Y 8 /* threads per column in a reduction block */
@@ -425,12 +405,7 @@ int gs_cuda_depthwise_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, f
 template <int D>
 __global__ void maxpool_fwd_k(kgeo g, typename st<D>::T *out, const typename st<D>::T *in) {
   GS_GRID_STRIDE(i, (size_t)g.n * g.oh * g.ow * g.c) {
-    int ci = (int)(i % g.c);
-    size_t t = i / g.c;
-    int ox = (int)(t % g.ow);
-    t /= g.ow;
-    int oy = (int)(t % g.oh), img = (int)(t / g.oh);
-    size_t base = (((size_t)img * g.h + (size_t)oy * g.stride) * g.w + (size_t)ox * g.stride) * g.c + ci;
+    size_t base = pool_window(g, i);
     float best = st<D>::load(in[base]);
     for (int ky = 0; ky < g.kh; ky++)
       for (int kx = 0; kx < g.kw; kx++) {
@@ -446,20 +421,12 @@ template <int D>
 __global__ void maxpool_bwd_k(kgeo g, typename st<D>::T *din, const typename st<D>::T *dout,
                               const typename st<D>::T *in) {
   GS_GRID_STRIDE(i, (size_t)g.n * g.h * g.w * g.c) {
-    int ci = (int)(i % g.c);
-    size_t t = i / g.c;
-    int ix = (int)(t % g.w);
-    t /= g.w;
-    int iy = (int)(t % g.h), img = (int)(t / g.h);
-    /* windows oy with oy*s <= iy <= oy*s + kh - 1, likewise ox */
-    int oy0 = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.stride) / g.stride;
-    int ox0 = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.stride) / g.stride;
-    int oy1 = min(iy / g.stride, g.oh - 1), ox1 = min(ix / g.stride, g.ow - 1);
+    pool_in p = pool_windows_of(g, i);
     float acc = 0.0f;
-    for (int oy = oy0; oy <= oy1; oy++)
-      for (int ox = ox0; ox <= ox1; ox++) {
-        size_t base =
-            (((size_t)img * g.h + (size_t)oy * g.stride) * g.w + (size_t)ox * g.stride) * g.c + ci;
+    for (int oy = p.oy0; oy <= p.oy1; oy++)
+      for (int ox = p.ox0; ox <= p.ox1; ox++) {
+        size_t base = (((size_t)p.img * g.h + (size_t)oy * g.stride) * g.w +
+                       (size_t)ox * g.stride) * g.c + p.ci;
         float best = 0.0f;
         int arg = 0;
         for (int ky = 0; ky < g.kh; ky++)
@@ -470,8 +437,8 @@ __global__ void maxpool_bwd_k(kgeo g, typename st<D>::T *din, const typename st<
               arg = ky * g.kw + kx;
             }
           }
-        if (arg == (iy - oy * g.stride) * g.kw + (ix - ox * g.stride))
-          acc += st<D>::load(dout[(((size_t)img * g.oh + oy) * g.ow + ox) * g.c + ci]);
+        if (arg == (p.iy - oy * g.stride) * g.kw + (p.ix - ox * g.stride))
+          acc += st<D>::load(dout[pool_out_at(g, p.img, oy, ox, p.ci)]);
       }
     din[i] = st<D>::store(acc);
   }
