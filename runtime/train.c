@@ -635,17 +635,42 @@ static void init_values(const gs_param_shape *ps, uint64_t *st, float *h) {
     h[j] = (float)((2.0 * (double)gs_rng_uniform(st) - 1.0) * limit);
 }
 
+/* The drawn tensors go to the device through a host staging buffer of at
+ * least INIT_STAGE floats (16 MiB), or the largest tensor: each is drawn
+ * into the buffer's free part and copied in (copy_in may be asynchronous),
+ * and the stream is synchronized only when the buffer is full and at the
+ * end, not once per tensor. */
+#define INIT_STAGE ((size_t)4 << 20)
+
+typedef struct stage {
+  float *h;
+  size_t cap, used;
+} stage;
+
+/* The values of tensor ps drawn from *st, copied in to dst. */
+static int draw_in(gs_train *t, stage *sg, const gs_param_shape *ps, uint64_t *st, void *dst) {
+  int rc;
+  if (sg->used + ps->count > sg->cap) {
+    if ((rc = t->b->synchronize(t->ex))) return rc;
+    sg->used = 0;
+  }
+  float *h = sg->h + sg->used;
+  init_values(ps, st, h);
+  sg->used += ps->count;
+  return t->b->copy_in(t->ex, dst, h, ps->count * sizeof(float));
+}
+
 static int init_params(gs_train *t, gs_err *e) {
   const gs_model *m = &t->model;
-  uint64_t maxc = 0;
+  stage sg = {.cap = INIT_STAGE};
   for (uint32_t i = 0; i < m->n_layers; i++) {
     for (uint32_t p = 0; p < m->layers[i].n_params; p++)
-      if (m->layers[i].params[p].count > maxc) maxc = m->layers[i].params[p].count;
+      if (m->layers[i].params[p].count > sg.cap) sg.cap = m->layers[i].params[p].count;
     for (uint32_t p = 0; p < m->layers[i].n_state; p++)
-      if (m->layers[i].state[p].count > maxc) maxc = m->layers[i].state[p].count;
+      if (m->layers[i].state[p].count > sg.cap) sg.cap = m->layers[i].state[p].count;
   }
-  float *h = calloc(maxc ? maxc : 1, sizeof *h);
-  if (!h) return gs_err_set(e, GS_INTERNAL, "", "out of host memory"), -ENOMEM;
+  sg.h = malloc(sg.cap * sizeof *sg.h);
+  if (!sg.h) return gs_err_set(e, GS_INTERNAL, "", "out of host memory"), -ENOMEM;
   int rc = 0;
   for (uint32_t i = 0; i < m->n_layers && !rc; i++) {
     const gs_layer *l = &m->layers[i];
@@ -655,24 +680,18 @@ static int init_params(gs_train *t, gs_err *e) {
     for (uint32_t p = 0; p < l->n_params && !rc; p++) {
       const gs_param_shape *ps = &l->params[p];
       size_t bytes = ps->count * sizeof(float);
-      if (ps->init == GS_INIT_ZEROS) {
+      if (ps->init == GS_INIT_ZEROS)
         rc = t->b->zero(t->ex, t->ls[i].master[p], bytes);
-      } else {
-        init_values(ps, &st, h);
-        rc = t->b->copy_in(t->ex, t->ls[i].master[p], h, bytes);
-      }
+      else
+        rc = draw_in(t, &sg, ps, &st, t->ls[i].master[p]);
       if (!rc && t->ls[i].m[p]) rc = t->b->zero(t->ex, t->ls[i].m[p], bytes);
       if (!rc && t->ls[i].v[p]) rc = t->b->zero(t->ex, t->ls[i].v[p], bytes);
-      /* copy_in may be asynchronous: h is reused for the next tensor. */
-      if (!rc && ps->init != GS_INIT_ZEROS) rc = t->b->synchronize(t->ex);
     }
-    for (uint32_t p = 0; p < l->n_state && !rc; p++) {
-      init_values(&l->state[p], &st, h);
-      rc = t->b->copy_in(t->ex, t->ls[i].state[p], h, l->state[p].count * sizeof(float));
-      if (!rc) rc = t->b->synchronize(t->ex);
-    }
+    for (uint32_t p = 0; p < l->n_state && !rc; p++)
+      rc = draw_in(t, &sg, &l->state[p], &st, t->ls[i].state[p]);
   }
-  free(h);
+  if (!rc) rc = t->b->synchronize(t->ex);
+  free(sg.h);
   if (rc) return gs_err_set(e, GS_INTERNAL, "", "backend %s: initialising weights failed (%d)",
                             t->b->name, rc), rc;
   return 0;
