@@ -308,6 +308,13 @@ struct dw_job {
   bool relu;         /* forward: relu on the output */
 };
 
+/* The first window tap that reads input pixel (iy, ix) in the input
+ * gradient's gather: tap row ky of output row oy, then every stride-th tap
+ * with oy going down by one (likewise kx, ox); the later taps follow. */
+struct dw_first {
+  long ky, oy, kx, ox;
+};
+
 /* Depthwise loops run over blocks of GS_CPU_VB channels, the width of one
  * AVX vector: each block body is written once (always_inline) and called
  * with the constant GS_CPU_VB, so the compiler unrolls it into vector
@@ -651,6 +658,18 @@ GS_CPU_RANGE(dw_wgrad_part, ctx, lo, hi, isa) {
     chi = j->g->c;
   long c0 = clo;
   bool chunked = j->dt == GS_F32 && j->g->kh * j->g->kw <= DW_LOCAL_TAPS;
+  if (chunked && j->dw && j->g->kh == 3 && j->g->kw == 3) { /* the common window */
+    if (isa >= GS_CPU_ISA_AVX512)
+      for (long nb; (nb = dw_blocks(chi - c0, 16)) > 0; c0 += nb * 16) {
+        nb = nb < DW_W3_NB(16) ? nb : DW_W3_NB(16);
+        if (nb == 2)
+          dw_wgrad3_chunk_v16(j, c0, 2);
+        else
+          dw_wgrad3_chunk_v16(j, c0, 1);
+      }
+    for (; c0 + GS_CPU_VB <= chi; c0 += GS_CPU_VB)
+      dw_wgrad3_chunk_v8(j, c0, 1);
+  }
   if (chunked && isa >= GS_CPU_ISA_AVX512)
     for (long nb; (nb = dw_blocks(chi - c0, 16)) > 0; c0 += nb * 16)
       DW_CALL_NB(dw_wgrad_chunk_v16, nb, j, c0);
@@ -664,21 +683,19 @@ GS_CPU_RANGE(dw_wgrad_part, ctx, lo, hi, isa) {
 }
 
 /* din at (img, iy, ix), channels [c0, c0 + cb): gathered from the windows
- * that read it */
+ * that read it, from tap t on */
 static inline __attribute__((always_inline)) void dw_dgrad_block(const struct dw_job *j, long img,
-                                                                 long iy, long ix, long c0,
-                                                                 long cb) {
+                                                                 long iy, long ix,
+                                                                 const struct dw_first *t,
+                                                                 long c0, long cb) {
   const geo *g = j->g;
   float acc[GS_CPU_VB], tmp[GS_CPU_VB];
   for (long c = 0; c < cb; c++)
     acc[c] = 0.0f;
-  long ty0 = iy + g->pt, tx0 = ix + g->pl; /* as in col2im_part */
-  for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
-       ky += g->stride, oy--) {
+  for (long ky = t->ky, oy = t->oy; ky < g->kh && oy >= 0; ky += g->stride, oy--) {
     if (oy >= g->oh)
       continue;
-    for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
-         kx += g->stride, ox--) {
+    for (long kx = t->kx, ox = t->ox; kx < g->kw && ox >= 0; kx += g->stride, ox--) {
       if (ox >= g->ow)
         continue;
       const float *d = load_block(j->dt, j->src,
@@ -691,25 +708,33 @@ static inline __attribute__((always_inline)) void dw_dgrad_block(const struct dw
   store_block(j->dt, j->dst, (size_t)(((img * g->h + iy) * g->w + ix) * g->c + c0), acc, cb);
 }
 
-/* input rows (img, iy) [lo, hi) of din */
+/* input rows (img, iy) [lo, hi) of din. The first taps (as in col2im_part:
+ * ky = (iy + pt) mod stride, oy = (iy + pt) / stride) are worked out once a
+ * row and stepped along it, not divided out per pixel and block. */
 GS_CPU_RANGE(dw_dgrad_part, ctx, lo, hi, isa) {
   const struct dw_job *j = ctx;
   const geo *g = j->g;
   long cfull = g->c - g->c % GS_CPU_VB;
   for (long item = (long)lo; item < (long)hi; item++) {
     long img = item / g->h, iy = item % g->h;
+    struct dw_first t = {.ky = (iy + g->pt) % g->stride, .oy = (iy + g->pt) / g->stride,
+                         .kx = g->pl % g->stride, .ox = g->pl / g->stride};
     for (long ix = 0; ix < g->w; ix++) {
       long c0 = 0;
       if (j->dt == GS_F32 && isa >= GS_CPU_ISA_AVX512)
         for (long nb; (nb = dw_blocks(g->c - c0, 16)) > 0; c0 += nb * 16)
-          DW_CALL_NB(dw_dgrad_chunk_v16, nb, j, img, iy, ix, c0);
+          DW_CALL_NB(dw_dgrad_chunk_v16, nb, j, img, iy, ix, &t, c0);
       if (j->dt == GS_F32)
         for (long nb; (nb = dw_blocks(cfull - c0, GS_CPU_VB)) > 0; c0 += nb * GS_CPU_VB)
-          DW_CALL_NB(dw_dgrad_chunk_v8, nb, j, img, iy, ix, c0);
+          DW_CALL_NB(dw_dgrad_chunk_v8, nb, j, img, iy, ix, &t, c0);
       for (; c0 < cfull; c0 += GS_CPU_VB)
-        dw_dgrad_block(j, img, iy, ix, c0, GS_CPU_VB);
+        dw_dgrad_block(j, img, iy, ix, &t, c0, GS_CPU_VB);
       if (cfull < g->c)
-        dw_dgrad_block(j, img, iy, ix, cfull, g->c - cfull);
+        dw_dgrad_block(j, img, iy, ix, &t, cfull, g->c - cfull);
+      if (++t.kx == g->stride) { /* ix + 1 + pl = ox * stride + kx */
+        t.kx = 0;
+        t.ox++;
+      }
     }
   }
 }

@@ -111,21 +111,73 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad_chunk)(const 
   }
 }
 
+/* dw_wgrad_chunk for a 3x3 window and nb <= DW_W3_NB(DW_VW) blocks: every
+ * tap's accumulator is named by constants, so all nine stay in registers
+ * (the general loop indexes them by a run-time tap number, which keeps
+ * them on the stack and chains each pixel's add to the previous one's
+ * through memory). The same terms in the same order: the same bits. */
+#define DW_W3_NB(vw) ((vw) == 16 ? 2 : 1)
+static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad3_chunk)(const struct dw_job *j,
+                                                                      long c0, long nb) {
+  const geo *g = j->g;
+  const float *src = j->src, *in = j->in;
+  DW_VT acc[9][DW_W3_NB(DW_VW)], dbacc[DW_W3_NB(DW_VW)], d[DW_W3_NB(DW_VW)], x;
+  for (long b = 0; b < nb; b++) {
+    for (long t = 0; t < 9; t++)
+      DW_LOAD(acc[t][b], j->dw + t * g->c + c0 + b * DW_VW);
+    dbacc[b] = (DW_VT){0};
+    if (j->db)
+      DW_LOAD(dbacc[b], j->db + c0 + b * DW_VW);
+  }
+  for (long img = 0; img < g->n; img++)
+    for (long oy = 0; oy < g->oh; oy++) {
+      long ky0, ky1;
+      tap_range(oy, g->stride, g->pt, 3, g->h, &ky0, &ky1);
+      for (long ox = 0; ox < g->ow; ox++) {
+        const float *dp = src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
+        for (long b = 0; b < nb; b++) {
+          DW_LOAD(d[b], dp + b * DW_VW);
+          dbacc[b] += d[b];
+        }
+        long kx0, kx1;
+        tap_range(ox, g->stride, g->pl, 3, g->w, &kx0, &kx1);
+        for (long ky = 0; ky < 3; ky++) {
+          if (ky < ky0 || ky >= ky1)
+            continue;
+          long iy = oy * g->stride - g->pt + ky;
+          for (long kx = 0; kx < 3; kx++) {
+            if (kx < kx0 || kx >= kx1)
+              continue;
+            const float *xp = in + ((img * g->h + iy) * g->w + ox * g->stride - g->pl + kx) * g->c + c0;
+            for (long b = 0; b < nb; b++) {
+              DW_LOAD(x, xp + b * DW_VW);
+              acc[ky * 3 + kx][b] += d[b] * x;
+            }
+          }
+        }
+      }
+    }
+  for (long b = 0; b < nb; b++) {
+    for (long t = 0; t < 9; t++)
+      DW_STORE(j->dw + t * g->c + c0 + b * DW_VW, acc[t][b]);
+    if (j->db)
+      DW_STORE(j->db + c0 + b * DW_VW, dbacc[b]);
+  }
+}
+
 /* the same for fp32 and nb <= DW_CHUNK whole blocks from c0 */
 static inline __attribute__((always_inline)) void DW_NAME(dw_dgrad_chunk)(const struct dw_job *j,
                                                                      long img, long iy, long ix,
+                                                                     const struct dw_first *t,
                                                                      long c0, long nb) {
   const geo *g = j->g;
   DW_VT acc[DW_CHUNK];
   for (long b = 0; b < nb; b++)
     acc[b] = (DW_VT){0};
-  long ty0 = iy + g->pt, tx0 = ix + g->pl;
-  for (long ky = ty0 % g->stride, oy = ty0 / g->stride; ky < g->kh && oy >= 0;
-       ky += g->stride, oy--) {
+  for (long ky = t->ky, oy = t->oy; ky < g->kh && oy >= 0; ky += g->stride, oy--) {
     if (oy >= g->oh)
       continue;
-    for (long kx = tx0 % g->stride, ox = tx0 / g->stride; kx < g->kw && ox >= 0;
-         kx += g->stride, ox--) {
+    for (long kx = t->kx, ox = t->ox; kx < g->kw && ox >= 0; kx += g->stride, ox--) {
       if (ox >= g->ow)
         continue;
       const float *dp = (const float *)j->src + ((img * g->oh + oy) * g->ow + ox) * g->c + c0;
