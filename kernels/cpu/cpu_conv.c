@@ -8,6 +8,9 @@
  * is the same two GEMMs as dense (dw += col^T . dout, dcol = dout . w^T),
  * and dcol is folded back onto din by a gather over input pixels, so each
  * din element is written once by one thread (no atomics, deterministic).
+ * In fp32 at stride 1 din is instead the convolution of dout with the
+ * window turned around (conv_dgrad_transposed): im2col of dout and one
+ * GEMM straight into din.
  * A 1x1 stride-1 fp32 conv is already a GEMM over the input and uses no
  * workspace. To keep the workspace bounded whatever the batch, col holds a
  * chunk of whole images, sized to GS_CPU_COL_BYTES: the planner sees the
@@ -80,14 +83,57 @@ static long conv_images_per_chunk(const geo *g) {
   return ipc < g->n ? ipc : g->n;
 }
 
+/* A stride-1 fp32 conv's input gradient is itself a convolution: of dout
+ * with the window turned around (w[kh-1-ky][kw-1-kx], C and F swapped),
+ * padded by kh-1-pt above and kw-1-pl left, out to the input's size. As
+ * im2col of dout and one GEMM it writes din once, where the GEMM into
+ * dcol (N*OH*OW, KH*KW*C) and the gather back onto din cleared, wrote and
+ * read nine times as much for a 3x3 window. */
+static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
+  return dt == GS_F32 && g->stride == 1 && !conv_is_pointwise(g) && g->pt < g->kh &&
+         g->pl < g->kw;
+}
+
+/* the geometry of that convolution: dout (N, OH, OW, F) in, din out */
+static geo conv_transposed(const geo *g) {
+  return (geo){.n = g->n, .h = g->oh, .w = g->ow, .c = g->f, .kh = g->kh, .kw = g->kw,
+               .stride = 1, .f = g->c, .oh = g->h, .ow = g->w, .pt = g->kh - 1 - g->pt,
+               .pl = g->kw - 1 - g->pl};
+}
+
+/* wt (KH, KW, F, C) = w (KH, KW, C, F) turned: wt[ky][kx][f][c] =
+ * w[kh-1-ky][kw-1-kx][c][f] */
+static void conv_turn_weights(const geo *g, const float *w, float *wt) {
+  long kk = g->kh * g->kw;
+  for (long t = 0; t < kk; t++) {
+    const float *src = w + (kk - 1 - t) * g->c * g->f;
+    float *dst = wt + t * g->f * g->c;
+    for (long c = 0; c < g->c; c++)
+      for (long f = 0; f < g->f; f++)
+        dst[f * g->c + c] = src[c * g->f + f];
+  }
+}
+
 size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
   geo g = geo_of(s, s->same);
   size_t ipc = (size_t)conv_images_per_chunk(&g), p = (size_t)(g.oh * g.ow);
   size_t k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
   if (g.n == 0 || p == 0)
     return 0;
-  if (dt == GS_F32)
-    return conv_is_pointwise(&g) ? 0 : sizeof(float) * ipc * p * k;
+  if (dt == GS_F32) {
+    if (conv_is_pointwise(&g))
+      return 0;
+    size_t col = sizeof(float) * ipc * p * k;
+    if (conv_dgrad_transposed(dt, &g)) { /* the backward's col of dout and w turned */
+      geo t = conv_transposed(&g);
+      size_t tk = (size_t)(t.kh * t.kw * t.c);
+      size_t tcol = sizeof(float) * ((size_t)conv_images_per_chunk(&t) * (size_t)(t.oh * t.ow) * tk +
+                                     tk * (size_t)t.f);
+      if (tcol > col)
+        col = tcol;
+    }
+    return col;
+  }
   /* col + w + (out or dout), the same for forward and backward */
   return sizeof(float) * (ipc * p * k + k * f + ipc * p * f);
 }
@@ -278,10 +324,24 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
       im2col(ex, dt, &g, in, col, n0, nc);
       gs_cpu_sgemm(ex, true, false, k, f, m, 1.0f, col, k, d, f, 1.0f, dw, f);
     }
-    if (din) {
+    if (din && !conv_dgrad_transposed(dt, &g)) {
       gs_cpu_sgemm(ex, false, true, m, k, f, 1.0f, d, f, wf, f, 0.0f, col, k);
       struct col2im_job j = {.dt = dt, .g = &g, .col = col, .din = din, .n0 = n0};
       gs_cpu_parallel(ex, (size_t)(nc * g.h), 4, GS_CPU_PICK(col2im_part), &j);
+    }
+  }
+  if (din && conv_dgrad_transposed(dt, &g)) {
+    geo t = conv_transposed(&g);
+    long tipc = conv_images_per_chunk(&t);
+    size_t tp = (size_t)(t.oh * t.ow), tk = (size_t)(t.kh * t.kw * t.c);
+    float *wt = col + (size_t)tipc * tp * tk;
+    conv_turn_weights(&g, w, wt);
+    for (long n0 = 0; n0 < g.n; n0 += tipc) {
+      long nc = g.n - n0 < tipc ? g.n - n0 : tipc;
+      im2col(ex, dt, &t, dout, col, n0, nc);
+      gs_cpu_sgemm(ex, false, false, (size_t)nc * tp, (size_t)t.f, tk, 1.0f, col, tk, wt,
+                   (size_t)t.f, 0.0f, (float *)din + (size_t)n0 * tp * (size_t)t.f,
+                   (size_t)t.f);
     }
   }
   return 0;

@@ -457,7 +457,14 @@ Test(kernels, workspace_sizes) {
   cr_expect_eq(B->dense_workspace(GS_F16, 3, 7, 5), 4 * (3 * 7 + 7 * 5 + 3 * 5));
   gs_conv_shape c3 = {.n = 2, .h = 6, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 4};
   gs_conv_shape_init(&c3);
-  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3), 4 * 2 * 36 * 27, "im2col of the batch");
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3), 4 * (2 * 36 * 36 + 36 * 3),
+               "the input gradient's im2col of dout (3x3x4 a row) and turned weights, more "
+               "than the forward's im2col of the batch (3x3x3 a row)");
+  gs_conv_shape c3s2 = c3;
+  c3s2.stride = 2;
+  gs_conv_shape_init(&c3s2);
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3s2), 4 * 2 * 9 * 27,
+               "stride 2: im2col of the batch, for both passes");
   cr_expect_eq(B->conv2d_workspace(GS_BF16, &c3), 4 * (2 * 36 * 27 + 27 * 4 + 2 * 36 * 4));
   cr_expect_eq(B->depthwise_workspace(GS_F16, &c3), 4 * (9 * 3 + 3));
   /* a large batch is taken in chunks, so the workspace stays bounded */
