@@ -11,7 +11,7 @@
 #   build-release gcc, Release: the unit tests and the integration tests
 #   build-clang   clang, the default build type: the unit tests and the
 #                 integration tests
-# then 30 s of each libFuzzer target. GPU tests skip with their reason where
+# then 20 s of each libFuzzer target. GPU tests skip with their reason where
 # no GPU answers. The CUDA plugin is built (nvcc, warnings as errors) in the
 # first two passes; nvcc compiles it the same whatever the C compiler, so
 # the Release and clang passes leave it out (GS_CUDA=OFF), and the
@@ -52,6 +52,6 @@ CC=clang scripts/setup.sh build-clang -DGS_CUDA=OFF
 echo "== tests (clang)"
 ctest --test-dir build-clang --output-on-failure -j"$JOBS" -E "$SAME"
 
-echo "== fuzz (libFuzzer + ASan + UBSan, 30 s per target on the committed corpus)"
-scripts/fuzz.sh 30
+echo "== fuzz (libFuzzer + ASan + UBSan, 20 s per target on the committed corpus)"
+scripts/fuzz.sh 20
 echo "== all tests passed in every build"
