@@ -4,7 +4,9 @@
 #   <!-- KEY: begin -->  ...  <!-- KEY: end -->
 # is replaced and every other line of the file is kept; a section not yet
 # in the file is appended. The section states the machine (nproc, the CPU
-# model from /proc/cpuinfo, then $GS_BENCH_MACHINE when set: a GPU's name),
+# model from /proc/cpuinfo and the vector units its flags name, which the
+# CPU kernels and PyTorch's both choose by, then $GS_BENCH_MACHINE when
+# set: a GPU's name),
 # the date and the run's settings (NOTE).
 # GS_BENCH_RESULTS names another file (a scratch copy, a run elsewhere);
 # GS_BENCH_RECORD=0 leaves the file alone (a trial run).
@@ -25,12 +27,14 @@ gs_bench_record() {
   _gsr_res=${GS_BENCH_RESULTS:-$_gsr_dir/RESULTS.md}
   [ -f "$_gsr_body" ] || { echo "gs_bench_record: no figures file $_gsr_body" >&2; return 1; }
   _gsr_cpu=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo 2>/dev/null | head -n 1)
+  _gsr_isa=$(sed -n 's/^flags[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo 2>/dev/null | head -n 1 |
+    tr ' ' '\n' | grep -x -E 'avx2|avx512f|avx512_bf16|amx_tile' | tr '\n' ' ' | sed 's/ $//')
   _gsr_sec=$(mktemp) || return 1
   {
     echo "<!-- $_gsr_key: begin -->"
     echo "## $_gsr_title"
     echo
-    echo "Machine: $(nproc) CPUs (nproc), ${_gsr_cpu:-CPU model unknown}${GS_BENCH_MACHINE:+; $GS_BENCH_MACHINE}."
+    echo "Machine: $(nproc) CPUs (nproc), ${_gsr_cpu:-CPU model unknown}${_gsr_isa:+ ($_gsr_isa)}${GS_BENCH_MACHINE:+; $GS_BENCH_MACHINE}."
     echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
     [ -z "$_gsr_note" ] || echo "Run: $_gsr_note."
     echo
