@@ -450,19 +450,60 @@ struct gelu_job {
   const void *a, *b; /* forward: a = in; backward: a = dout, b = in */
 };
 
-static inline float gelu1(float x) {
+/* e^v for v in [-18, 87], as the GELU loops need it: v = n ln2 + r with
+ * |r| <= ln2 / 2, e^r by its Taylor polynomial to degree 7 (within 6e-9
+ * of it there), 2^n put into the exponent bits. Plain float arithmetic
+ * and bit moves, so every clone vectorizes it and all give the same bits
+ * (libm's expf or tanhf, a call an element, was most of a GPT's step).
+ * NaN stays NaN. */
+static inline float gelu_exp(float v) {
+  float k = v * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23 + n: n in the low bits */
+  float n = k - 12582912.0f;
+  float r = v - n * 0.693145751953125f; /* ln 2 in two parts: this one exact times n */
+  r = r - n * 1.42860682030941723e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  uint32_t kb, sb;
+  memcpy(&kb, &k, sizeof kb);
+  sb = (kb - 0x4B400000u + 127u) << 23; /* 0x4B400000: 1.5 * 2^23's bits */
+  float scale;
+  memcpy(&scale, &sb, sizeof scale);
+  return p * scale;
+}
+
+/* GELU through the logistic function: 0.5 (1 + tanh(u)) = s = 1 / (1 +
+ * e^-2u) and 0.5 (1 - tanh(u)^2) = 2 s (1 - s), 1 - s = s e^-2u, each
+ * to a few ulps even where tanh(u) is near -1 and 1 + tanh(u) would lose
+ * its digits. u is clamped to [-43, 9]: past 9, s is 1 in float; below
+ * -43, s is under 2^-124 and the output under the rounding of x's. */
+static inline void gelu_s(float x, float *s, float *sc) {
   float u = GS_GELU_K * (x + GS_GELU_A * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  u = u > 9.0f ? 9.0f : u;
+  u = u < -43.0f ? -43.0f : u;
+  float w = gelu_exp(-2.0f * u);
+  *s = 1.0f / (1.0f + w);
+  *sc = *s * w;
+}
+
+static inline float gelu1(float x) {
+  float s, sc;
+  gelu_s(x, &s, &sc);
+  return x * s;
 }
 
 static inline float gelu_grad1(float x) {
-  float u = GS_GELU_K * (x + GS_GELU_A * x * x * x);
-  float t = tanhf(u);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GS_GELU_K *
-                                 (1.0f + 3.0f * GS_GELU_A * x * x);
+  float s, sc;
+  gelu_s(x, &s, &sc);
+  return s + 2.0f * x * s * sc * GS_GELU_K * (1.0f + 3.0f * GS_GELU_A * x * x);
 }
 
-static void gelu_fwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(gelu_fwd_part, ctx, lo, hi, isa) {
   const struct gelu_job *j = ctx;
   float tx[GS_NORM_BLK], y[GS_NORM_BLK];
   for (size_t i = lo; i < hi; i += GS_NORM_BLK) {
@@ -474,7 +515,7 @@ static void gelu_fwd_part(void *ctx, size_t lo, size_t hi) {
   }
 }
 
-static void gelu_bwd_part(void *ctx, size_t lo, size_t hi) {
+GS_CPU_RANGE(gelu_bwd_part, ctx, lo, hi, isa) {
   const struct gelu_job *j = ctx;
   float tx[GS_NORM_BLK], td[GS_NORM_BLK], y[GS_NORM_BLK];
   for (size_t i = lo; i < hi; i += GS_NORM_BLK) {
@@ -486,17 +527,16 @@ static void gelu_bwd_part(void *ctx, size_t lo, size_t hi) {
   }
 }
 
-/* tanhf is most of these loops: a part of a quarter of the element grain */
 int gs_cpu_gelu_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, size_t count) {
   struct gelu_job j = {.dt = dt, .dst = out, .a = in};
-  gs_cpu_parallel(ex, count, GS_NORM_GRAIN / 4, gelu_fwd_part, &j);
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN / 4, GS_CPU_PICK(gelu_fwd_part), &j);
   return 0;
 }
 
 int gs_cpu_gelu_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout, const void *in,
                          size_t count) {
   struct gelu_job j = {.dt = dt, .dst = din, .a = dout, .b = in};
-  gs_cpu_parallel(ex, count, GS_NORM_GRAIN / 4, gelu_bwd_part, &j);
+  gs_cpu_parallel(ex, count, GS_NORM_GRAIN / 4, GS_CPU_PICK(gelu_bwd_part), &j);
   return 0;
 }
 

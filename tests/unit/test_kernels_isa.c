@@ -426,6 +426,34 @@ Test(kernels_isa, adam_same_bits_every_level, .init = setup, .fini = teardown) {
   free(base), free(w0), free(g0);
 }
 
+/* GELU's own exponential is plain float arithmetic: every clone the same
+ * bits, forward and backward, over the whole range and the non-finite */
+Test(kernels_isa, gelu_same_bits_every_level, .init = setup, .fini = teardown) {
+  const size_t n = 20011;
+  float *x = malloc(n * 4), *d = malloc(n * 4), *base_y = NULL, *base_g = NULL;
+  for (size_t i = 0; i < n; i++)
+    x[i] = frand() * 12.0f, d[i] = frand();
+  x[0] = -60.0f, x[1] = 60.0f, x[2] = NAN, x[3] = INFINITY, x[4] = -INFINITY, x[5] = 0.0f;
+  for (int level = GS_CPU_ISA_BASELINE; level <= gs_cpu_isa_max(); level++) {
+    cr_assert_eq(gs_cpu_isa_set(level), 0);
+    float *y = malloc(n * 4), *g = malloc(n * 4);
+    cr_assert_eq(B->gelu_forward(EX, GS_F32, y, x, n), 0);
+    cr_assert_eq(B->gelu_backward(EX, GS_F32, g, d, x, n), 0);
+    if (!base_y) {
+      base_y = y, base_g = g;
+      cr_expect(isnan(y[2]) && isnan(g[2]), "NaN in, NaN out");
+      cr_expect(y[3] == INFINITY, "gelu(inf) = inf");
+      cr_expect(y[1] == 60.0f && y[5] == 0.0f);
+      cr_expect(y[0] <= 0.0f && y[0] > -1e-30f, "gelu(-60) = %g", (double)y[0]);
+    } else {
+      expect_same("gelu", "out", level, base_y, y, n * 4);
+      expect_same("gelu", "din", level, base_g, g, n * 4);
+      free(y), free(g);
+    }
+  }
+  free(base_y), free(base_g), free(x), free(d);
+}
+
 /* GS_CPU_ISA is read once; gs_cpu_isa_set refuses what the CPU lacks */
 Test(kernels_isa, levels, .init = setup, .fini = teardown) {
   int max = gs_cpu_isa_max();
