@@ -55,6 +55,29 @@ DW_NAME(dw_fwd_chunk)(const struct dw_job *j, long img, long oy, long ox, long k
 }
 
 
+/* The weight-gradient loops' sums, acc[t][b] for taps t of dw and dbacc[b]
+ * of db, blocks b from channel c0 (j, g and c0 in scope): read in from dw
+ * and db (db's from 0 when there is no db), and written back. */
+#define DW_WG_READ(acc, dbacc, taps, nb)                                                       \
+  do {                                                                                         \
+    for (long b_ = 0; b_ < (nb); b_++) {                                                       \
+      for (long t_ = 0; t_ < (taps); t_++)                                                     \
+        DW_LOAD((acc)[t_][b_], j->dw + t_ * g->c + c0 + b_ * DW_VW);                           \
+      (dbacc)[b_] = (DW_VT){0};                                                                \
+      if (j->db)                                                                               \
+        DW_LOAD((dbacc)[b_], j->db + c0 + b_ * DW_VW);                                         \
+    }                                                                                          \
+  } while (0)
+#define DW_WG_WRITE(acc, dbacc, taps, nb)                                                      \
+  do {                                                                                         \
+    for (long b_ = 0; b_ < (nb); b_++) {                                                       \
+      for (long t_ = 0; t_ < (taps); t_++)                                                     \
+        DW_STORE(j->dw + t_ * g->c + c0 + b_ * DW_VW, (acc)[t_][b_]);                          \
+      if (j->db)                                                                               \
+        DW_STORE(j->db + c0 + b_ * DW_VW, (dbacc)[b_]);                                        \
+    }                                                                                          \
+  } while (0)
+
 /* the same for fp32, nb <= DW_CHUNK whole blocks from c0 and a window of at
  * most DW_LOCAL_TAPS taps: db's sums and dw's stay in an aligned array on
  * the stack, read from db and dw first and written back last, and each
@@ -68,13 +91,7 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad_chunk)(const 
   const float *src = j->src, *in = j->in;
   DW_VT acc[DW_LOCAL_TAPS][DW_CHUNK], dbacc[DW_CHUNK], d[DW_CHUNK], x;
   long taps = j->dw ? g->kh * g->kw : 0;
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < taps; t++)
-      DW_LOAD(acc[t][b], j->dw + t * g->c + c0 + b * DW_VW);
-    dbacc[b] = (DW_VT){0};
-    if (j->db)
-      DW_LOAD(dbacc[b], j->db + c0 + b * DW_VW);
-  }
+  DW_WG_READ(acc, dbacc, taps, nb);
   for (long img = 0; img < g->n; img++)
     for (long oy = 0; oy < g->oh; oy++) {
       long ky0, ky1;
@@ -103,12 +120,7 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad_chunk)(const 
         }
       }
     }
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < taps; t++)
-      DW_STORE(j->dw + t * g->c + c0 + b * DW_VW, acc[t][b]);
-    if (j->db)
-      DW_STORE(j->db + c0 + b * DW_VW, dbacc[b]);
-  }
+  DW_WG_WRITE(acc, dbacc, taps, nb);
 }
 
 /* dw_wgrad_chunk for a 3x3 window and nb <= DW_W3_NB(DW_VW) blocks: every
@@ -122,13 +134,7 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad3_chunk)(const
   const geo *g = j->g;
   const float *src = j->src, *in = j->in;
   DW_VT acc[9][DW_W3_NB(DW_VW)], dbacc[DW_W3_NB(DW_VW)], d[DW_W3_NB(DW_VW)], x;
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < 9; t++)
-      DW_LOAD(acc[t][b], j->dw + t * g->c + c0 + b * DW_VW);
-    dbacc[b] = (DW_VT){0};
-    if (j->db)
-      DW_LOAD(dbacc[b], j->db + c0 + b * DW_VW);
-  }
+  DW_WG_READ(acc, dbacc, 9, nb);
   for (long img = 0; img < g->n; img++)
     for (long oy = 0; oy < g->oh; oy++) {
       long ky0, ky1;
@@ -157,12 +163,7 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_wgrad3_chunk)(const
         }
       }
     }
-  for (long b = 0; b < nb; b++) {
-    for (long t = 0; t < 9; t++)
-      DW_STORE(j->dw + t * g->c + c0 + b * DW_VW, acc[t][b]);
-    if (j->db)
-      DW_STORE(j->db + c0 + b * DW_VW, dbacc[b]);
-  }
+  DW_WG_WRITE(acc, dbacc, 9, nb);
 }
 
 /* the same for fp32 and nb <= DW_CHUNK whole blocks from c0 */
@@ -188,5 +189,7 @@ static inline __attribute__((always_inline)) void DW_NAME(dw_dgrad_chunk)(const 
   DW_NAME(store_n)((float *)j->dst + ((img * g->h + iy) * g->w + ix) * g->c + c0, acc, nb);
 }
 
+#undef DW_WG_READ
+#undef DW_WG_WRITE
 #undef DW_LOAD
 #undef DW_STORE

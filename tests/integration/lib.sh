@@ -124,15 +124,17 @@ A() { ctl_as 4001 65534 "$@"; }
 B() { ctl_as 4002 65534 "$@"; }
 # st ID EXPR: d['job']EXPR of job ID's status, e.g. st 3 "['state']".
 st() { ctl --json status "$1" | json_field "['job']$2"; }
-# ckpt_job NAME VDEV STEPS: $T/NAME.pb (and .txtpb), a 784-256-10 MLP on
-# synthetic data for STEPS steps that checkpoints every 25.
-ckpt_job() {
+# mlp_job NAME VDEV STEPS [UNITS [EXAMPLES [MORE]]]: $T/NAME.pb (and
+# .txtpb), a 784-UNITS-10 MLP (UNITS 256) on EXAMPLES (4096) synthetic
+# examples for STEPS steps, with MORE in the spec (default: a checkpoint
+# every 25 steps).
+mlp_job() {
   cat >"$T/$1.txtpb" <<JOB
 name: "$1" vdev: "$2"
 model { input { height: 28 width: 28 channels: 1 }
-  layer { flatten {} } layer { dense { units: 256 activation: RELU } } layer { dense { units: 10 } } }
-train { synthetic { examples: 4096 seed: 7 classes: 10 } }
-batch_size: 64 epochs: 1000 max_steps: $3 seed: 1 checkpoint_every_steps: 25
+  layer { flatten {} } layer { dense { units: ${4:-256} activation: RELU } } layer { dense { units: 10 } } }
+train { synthetic { examples: ${5:-4096} seed: 7 classes: 10 } }
+batch_size: 64 epochs: 1000 max_steps: $3 seed: 1 ${6-checkpoint_every_steps: 25}
 optimizer { adam { learning_rate: 0.001 } }
 JOB
   protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"

@@ -21,7 +21,7 @@ expect_ok "tenant a" ctl tenant create a --uid 4001
 expect_ok "tenant b" ctl tenant create b --uid 4002
 expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --tenant a
 expect_ok "vdev b0" ctl vdev create b0 --memory 256MiB --compute 50 --tenant b
-ckpt_job steady b0 1500; ckpt_job faulter a0 400
+mlp_job steady b0 1500; mlp_job faulter a0 400
 expect_ok "b's job" B submit "$T/steady.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$jb" RUNNING || fail "b's job not running"
 for _ in $(seq 300); do [ "$(st "$jb" ".get('step',0)")" -ge 60 ] && break; sleep 0.1; done

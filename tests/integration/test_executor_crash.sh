@@ -25,7 +25,7 @@ expect_ok "vdev a0" ctl vdev create a0 --memory 256MiB --compute 50 --tenant a
 expect_ok "vdev b0" ctl vdev create b0 --memory 256MiB --compute 50 --tenant b
 [ ! -e "$STATE/executor-cpu.crash" ] && pass "a running executor leaves no crash file" ||
   fail "a crash file exists before any crash: $(ls -l "$STATE/executor-cpu.crash")"
-ckpt_job steady b0 3000; ckpt_job crasher a0 400
+mlp_job steady b0 3000; mlp_job crasher a0 400
 expect_ok "b's job" B submit "$T/steady.pb"; jb=$(B --json list | json_field "['job'][-1]['id']")
 wait_state "$jb" RUNNING || fail "b's job not running"
 B watch "$jb" >"$T/watch.out" 2>&1 & WPID=$!

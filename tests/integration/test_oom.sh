@@ -16,17 +16,7 @@ echo "memory_oversubscribe = yes" >>"$CONF"
 echo "preempt_min_run_s = 0" >>"$CONF"
 
 # job NAME VDEV STEPS: a 784-4096-10 MLP, about 60 MiB planned with Adam
-job() {
-  cat >"$T/$1.txtpb" <<JOB
-name: "$1" vdev: "$2"
-model { input { height: 28 width: 28 channels: 1 }
-  layer { flatten {} } layer { dense { units: 4096 activation: RELU } } layer { dense { units: 10 } } }
-train { synthetic { examples: 2048 seed: 7 classes: 10 } }
-batch_size: 64 epochs: 1000 max_steps: $3 seed: 1
-optimizer { adam { learning_rate: 0.001 } }
-JOB
-  protoc --encode=gpushare.v1.JobSpec --proto_path="$PROTO" gpushare.proto <"$T/$1.txtpb" >"$T/$1.pb"
-  chmod 644 "$T/$1.pb"; }
+job() { mlp_job "$1" "$2" "$3" 4096 2048 ""; }  # job NAME VDEV STEPS: a 784-4096-10 MLP
 
 start_daemon
 expect_ok "devices" ctl --json devices

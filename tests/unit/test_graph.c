@@ -23,20 +23,9 @@
 #include "runtime/data.h"
 #include "runtime/model.h"
 #include "runtime/train.h"
-#include "tests/unit/test_train_util.h"
+#include "tests/unit/test_train_run.h"
 
-static gs_backend *B;
-static gs_alloc *A;
-static gs_err e;
-
-static void setup(void) {
-  B = gs_backend_cpu();
-  cr_assert_eq(gs_alloc_create(B, 0, 256ull << 20, GS_POLICY_GROWTH, &A), 0);
-  gs_err_clear(&e);
-}
-static void teardown(void) { gs_alloc_destroy(A); }
-
-TestSuite(graph, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(graph, .init = run_setup, .fini = run_teardown, .timeout = 300);
 
 /* ------------------------------------------------------------ validation --- */
 
@@ -349,22 +338,9 @@ static float *train_params(tspec *s, size_t *count) {
   gs_dataset tr;
   cr_assert_eq(gs_dataset_synthetic(96, 8, 8, 1, 4, 9, &tr, &e), 0, "%s", e.msg);
   gs_train_options o = {.threads = 2};
-  gs_train *t = NULL;
-  gs_train_failure fl;
-  cr_assert_eq(gs_train_create(&s->spec, B, A, &tr, NULL, &o, &t, &fl, &e), 0, "%s", e.msg);
+  gs_train *t = make(s, &tr, NULL, &o);
   cr_assert_eq(gs_train_run(t, &e), 0, "%s", e.msg);
-  const gs_model *m = gs_train_model(t);
-  size_t n = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++) n += m->layers[i].param_count;
-  float *v = malloc(n * sizeof *v);
-  size_t off = 0;
-  for (uint32_t i = 0; i < m->n_layers; i++)
-    for (uint32_t p = 0; p < m->layers[i].n_params; p++) {
-      size_t c = m->layers[i].params[p].count;
-      cr_assert_eq(gs_train_read_param(t, i, p, v + off, c), 0);
-      off += c;
-    }
-  *count = n;
+  float *v = params(t, count);
   gs_train_destroy(t);
   gs_dataset_free(&tr);
   return v;
