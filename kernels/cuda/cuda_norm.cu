@@ -530,13 +530,11 @@ int gs_cuda_avgpool_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in,
 
 int gs_cuda_avgpool_backward(gs_exec *ex, gs_dtype dt, void *din, const void *dout,
                              const gs_conv_shape *s) {
-  int rc = gs_cuda_enter(ex);
-  kgeo g = kgeo_of(s, false);
-  size_t count = (size_t)g.n * g.h * g.w * g.c;
+  kgeo g;
+  size_t count;
+  int rc = pool_bwd_begin(ex, dt, din, s, &g, &count);
   if (rc || count == 0)
     return rc;
-  if (g.oh == 0 || g.ow == 0)
-    return GS_CU(cudaMemsetAsync(din, 0, count * gs_dtype_size(dt), ex->stream));
   GS_DT_SWITCH(dt, D, typedef typename st<D>::T T;
                avgpool_bwd_k<D><<<gs_cuda_blocks(count), 256, 0, ex->stream>>>(
                    g, (T *)din, (const T *)dout));

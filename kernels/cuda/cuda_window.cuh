@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_internal.h"
 
 typedef struct kgeo {
   int n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
@@ -30,6 +31,25 @@ static inline kgeo kgeo_of(const gs_conv_shape *s, bool same) {
   g.pt = (int)gs_window_pad(s->h, s->kh, s->stride, same);
   g.pl = (int)gs_window_pad(s->w, s->kw, s->stride, same);
   return g;
+}
+
+/* The start of a VALID pooling's backward: the exec entered, the
+ * geometry, and *count, din's elements still to compute: 0 after an error
+ * (returned), for an empty din, or when no window fits (din cleared). */
+static inline int pool_bwd_begin(gs_exec *ex, gs_dtype dt, void *din, const gs_conv_shape *s,
+                                 kgeo *g, size_t *count) {
+  int rc = gs_cuda_enter(ex);
+  *g = kgeo_of(s, false);
+  *count = (size_t)g->n * g->h * g->w * g->c;
+  if (rc || *count == 0) {
+    *count = 0;
+    return rc;
+  }
+  if (g->oh == 0 || g->ow == 0) {
+    rc = GS_CU(cudaMemsetAsync(din, 0, *count * gs_dtype_size(dt), ex->stream));
+    *count = 0;
+  }
+  return rc;
 }
 
 /* Output element i of a VALID pooling (n, oh, ow, c): the index of its
