@@ -91,7 +91,7 @@ static long conv_images_per_chunk(const geo *g) {
  * read nine times as much for a 3x3 window. */
 static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
   return dt == GS_F32 && g->stride == 1 && !conv_is_pointwise(g) && g->pt < g->kh &&
-         g->pl < g->kw;
+         g->pl < g->kw && g->f <= g->c; /* never more workspace than the forward's */
 }
 
 /* the geometry of that convolution: dout (N, OH, OW, F) in, din out */

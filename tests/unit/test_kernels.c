@@ -449,9 +449,14 @@ Test(kernels, workspace_sizes) {
   cr_expect_eq(B->dense_workspace(GS_F16, 3, 7, 5), 4 * (3 * 7 + 7 * 5 + 3 * 5));
   gs_conv_shape c3 = {.n = 2, .h = 6, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 4};
   gs_conv_shape_init(&c3);
-  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3), 4 * (2 * 36 * 36 + 36 * 3),
-               "the input gradient's im2col of dout (3x3x4 a row) and turned weights, more "
-               "than the forward's im2col of the batch (3x3x3 a row)");
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &c3), 4 * 2 * 36 * 27,
+               "im2col of the batch (F > C: the input gradient gathers dcol back)");
+  gs_conv_shape c4 = c3;
+  c4.c = 5;
+  gs_conv_shape_init(&c4);
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &c4), 4 * 2 * 36 * 45,
+               "F <= C: the input gradient's im2col of dout (3x3x4 a row) and turned weights "
+               "fit in the forward's im2col (3x3x5 a row)");
   gs_conv_shape c3s2 = c3;
   c3s2.stride = 2;
   gs_conv_shape_init(&c3s2);
