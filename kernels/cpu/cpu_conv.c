@@ -38,9 +38,7 @@
 /* Upper bound on one chunk of im2col rows (at least one image is taken). */
 #define GS_CPU_COL_BYTES ((size_t)8 << 20)
 
-typedef struct geo {
-  long n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
-} geo;
+typedef gs_cpu_geo geo;
 
 static geo geo_of(const gs_conv_shape *s, bool same) {
   geo g = {.n = s->n, .h = s->h, .w = s->w, .c = s->c, .kh = s->kh, .kw = s->kw,
@@ -89,10 +87,14 @@ static long conv_images_per_chunk(const geo *g) {
  * im2col of dout and one GEMM it writes din once, where the GEMM into
  * dcol (N*OH*OW, KH*KW*C) and the gather back onto din cleared, wrote and
  * read nine times as much for a 3x3 window. */
-static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
-  return dt == GS_F32 && g->stride == 1 && !conv_is_pointwise(g) && g->pt < g->kh &&
-         g->pl < g->kw && g->f <= g->c; /* never more workspace than the forward's */
+static bool conv_turnable(const geo *g) {
+  return g->stride == 1 && !conv_is_pointwise(g) && g->pt < g->kh && g->pl < g->kw;
 }
+static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
+  return dt == GS_F32 && conv_turnable(g) &&
+         g->f <= g->c; /* never more workspace than the forward's */
+}
+
 
 /* the geometry of that convolution: dout (N, OH, OW, F) in, din out */
 static geo conv_transposed(const geo *g) {
@@ -132,7 +134,15 @@ size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
       if (tcol > col)
         col = tcol;
     }
-    return col;
+    /* room for the direct loops' padded copy of one image (and w turned),
+     * whichever level runs: the plan is the same on every host */
+    size_t pad = sizeof(float) * gs_cpu_dconv_pad_floats(&g, 1);
+    if (conv_turnable(&g)) {
+      geo t = conv_transposed(&g);
+      size_t tpad = sizeof(float) * (gs_cpu_dconv_pad_floats(&t, 1) + k * f);
+      pad = tpad > pad ? tpad : pad;
+    }
+    return col > pad ? col : pad;
   }
   /* col + w + (out or dout), the same for forward and backward */
   return sizeof(float) * (ipc * p * k + k * f + ipc * p * f);
@@ -255,6 +265,10 @@ int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, c
   size_t p = (size_t)(g.oh * g.ow), k = (size_t)(g.kh * g.kw * g.c), f = (size_t)g.f;
   if (g.n == 0 || p == 0 || f == 0)
     return 0;
+  if (gs_cpu_dconv_ok(dt) &&
+      gs_cpu_dconv_forward(ex, &g, in, w, b, relu, out, ws,
+                           gs_cpu_conv2d_workspace(dt, s) / sizeof(float)))
+    return 0;
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
     size_t m = (size_t)g.n * p;
     gs_cpu_sgemm_fwd(ex, m, f, k, in, k, w, f, b, 0.0f, relu, out, f);
@@ -297,6 +311,26 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
     if (din)
       memset(din, 0, (size_t)(g.n * g.h * g.w * g.c) * gs_dtype_size(dt));
     return 0;
+  }
+  if (gs_cpu_dconv_ok(dt)) {
+    size_t wsf = gs_cpu_conv2d_workspace(dt, s) / sizeof(float);
+    if (db)
+      gs_cpu_bias_grad(ex, db, dout, (size_t)g.n * p, f);
+    if (dw && gs_cpu_dconv_wgrad(ex, &g, in, dout, dw, ws, wsf))
+      dw = NULL;
+    db = NULL;
+    if (din && conv_is_pointwise(&g)) { /* din = dout . w^T, OpenBLAS's */
+      gs_cpu_linear_backward(ex, din, NULL, NULL, dout, in, w, (size_t)g.n * p, k, f);
+      din = NULL;
+    } else if (din && conv_turnable(&g)) { /* the turned window's convolution of dout */
+      geo t = conv_transposed(&g);
+      float *wt = ws;
+      conv_turn_weights(&g, w, wt);
+      if (gs_cpu_dconv_forward(ex, &t, dout, wt, NULL, false, din, wt + k * f, wsf - k * f))
+        din = NULL;
+    }
+    if (!dw && !din)
+      return 0;
   }
   if (dt == GS_F32 && conv_is_pointwise(&g)) {
     gs_cpu_linear_backward(ex, din, dw, db, dout, in, w, (size_t)g.n * p, k, f);

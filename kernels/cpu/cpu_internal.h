@@ -261,6 +261,24 @@ int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float 
                           const void *dout, const void *in, const void *w, uint32_t n,
                           uint32_t c, uint32_t oc, void *ws);
 
+/* A convolution's geometry as the conv loops use it: input (N, H, W, C),
+ * window KH x KW at `stride`, F output channels, output OH x OW, padding
+ * pt above and pl left. */
+typedef struct gs_cpu_geo {
+  long n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
+} gs_cpu_geo;
+/* fp32 conv2d by direct AVX-512 loops (cpu_conv_direct.c): whether dt at
+ * the level in use takes them; the floats of workspace the padded copy of
+ * `images` images takes (0 where the input is read in place); out (N, OH,
+ * OW, F) = conv(in, w) + b (or 0 when b is NULL), relu'd when asked; dw
+ * (KH, KW, C, F) += in^T . dout per tap. Each returns false (nothing
+ * written) when ws_floats cannot hold one image's padded copy. */
+bool gs_cpu_dconv_ok(gs_dtype dt);
+size_t gs_cpu_dconv_pad_floats(const gs_cpu_geo *g, long images);
+bool gs_cpu_dconv_forward(gs_exec *ex, const gs_cpu_geo *g, const float *in, const float *w,
+                          const float *b, bool relu, float *out, float *ws, size_t ws_floats);
+bool gs_cpu_dconv_wgrad(gs_exec *ex, const gs_cpu_geo *g, const float *in, const float *dout,
+                        float *dw, float *ws, size_t ws_floats);
 size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s);
 int gs_cpu_conv2d_forward(gs_exec *ex, gs_dtype dt, void *out, const void *in, const void *w,
                           const void *b, const gs_conv_shape *s, void *ws, bool relu);

@@ -213,20 +213,87 @@ static bool native_bf16(const conv_case *c, gs_dtype dt, int level, bool *dgrad)
   return c->depthwise && dt == GS_BF16 && level >= GS_CPU_ISA_AVX512BF16;
 }
 
-/* the native path: the same bits on 1 thread as on 2, and on a second run */
-static void check_native_repeat(const conv_case *c, const conv_data *d, const result *r) {
-  result again = conv_run(c, GS_BF16, d, false);
-  compare("native bf16 again", GS_CPU_ISA_AVX512BF16, GS_BF16, r, &again);
+/* whether (case, dt, level) takes the direct fp32 conv loops
+ * (cpu_conv_direct.c): every fp32 conv2d at the AVX-512 levels */
+static bool direct_conv(const conv_case *c, gs_dtype dt, int level) {
+  return !c->depthwise && dt == GS_F32 && level >= GS_CPU_ISA_AVX512;
+}
+
+/* a path of its own rounding (native bf16, direct conv): the same bits on
+ * 1 thread as on 2, and on a second run */
+static void check_repeat(const conv_case *c, gs_dtype dt, int level, const conv_data *d,
+                         const result *r, bool relu, const char *path) {
+  char what[96];
+  result again = conv_run(c, dt, d, relu);
+  snprintf(what, sizeof what, "%s %s again", c->name, path);
+  compare(what, level, dt, r, &again);
   result_free(&again);
   gs_exec *two = EX, *one = NULL;
   gs_exec_config cfg = {.threads = 1, .device_index = 0};
   cr_assert_eq(B->exec_create(B, &cfg, &one), 0);
   EX = one;
-  result r1 = conv_run(c, GS_BF16, d, false);
+  result r1 = conv_run(c, dt, d, relu);
   EX = two;
   B->exec_destroy(one);
-  compare("native bf16, 1 thread against 2", GS_CPU_ISA_AVX512BF16, GS_BF16, r, &r1);
+  snprintf(what, sizeof what, "%s %s, 1 thread against 2", c->name, path);
+  compare(what, level, dt, r, &r1);
   result_free(&r1);
+}
+
+/* conv2d's out, din and dw in double from the fp32 values, and the sums of
+ * the magnitudes of each element's terms */
+typedef struct conv_ref {
+  double *out, *omag, *din, *imag, *dw, *wmag;
+} conv_ref;
+
+static conv_ref conv_ref_make(const gs_conv_shape *s, const conv_data *d) {
+  conv_ref r;
+  r.out = calloc(d->nout, sizeof(double)), r.omag = calloc(d->nout, sizeof(double));
+  r.din = calloc(d->nin, sizeof(double)), r.imag = calloc(d->nin, sizeof(double));
+  r.dw = calloc(d->nw, sizeof(double)), r.wmag = calloc(d->nw, sizeof(double));
+  const float *dout = d->dout; /* fp32 only */
+  long pt = s->same ? ((long)(s->oh - 1) * s->stride + s->kh - (long)s->h) / 2 : 0;
+  long pl = s->same ? ((long)(s->ow - 1) * s->stride + s->kw - (long)s->w) / 2 : 0;
+  pt = pt < 0 ? 0 : pt, pl = pl < 0 ? 0 : pl;
+  long C = (long)s->c, F = (long)s->f;
+  for (long img = 0; img < (long)s->n; img++)
+    for (long oy = 0; oy < (long)s->oh; oy++)
+      for (long ox = 0; ox < (long)s->ow; ox++) {
+        size_t o = (size_t)(((img * s->oh + oy) * s->ow + ox) * F);
+        for (long f = 0; f < F; f++)
+          r.out[o + f] = d->bf[f], r.omag[o + f] = fabs(d->bf[f]);
+        for (long ky = 0; ky < (long)s->kh; ky++)
+          for (long kx = 0; kx < (long)s->kw; kx++) {
+            long iy = oy * s->stride - pt + ky, ix = ox * s->stride - pl + kx;
+            if (iy < 0 || ix < 0 || iy >= (long)s->h || ix >= (long)s->w)
+              continue;
+            size_t i = (size_t)(((img * s->h + iy) * s->w + ix) * C);
+            size_t wt = (size_t)((ky * s->kw + kx) * C * F);
+            for (long ch = 0; ch < C; ch++)
+              for (long f = 0; f < F; f++) {
+                double x = d->inf[i + ch], w = d->wf[wt + ch * F + f], g = dout[o + f];
+                r.out[o + f] += x * w, r.omag[o + f] += fabs(x * w);
+                r.din[i + ch] += g * w, r.imag[i + ch] += fabs(g * w);
+                r.dw[wt + ch * F + f] += x * g, r.wmag[wt + ch * F + f] += fabs(x * g);
+              }
+          }
+      }
+  return r;
+}
+
+static void conv_ref_free(conv_ref *r) {
+  free(r->out), free(r->omag), free(r->din), free(r->imag), free(r->dw), free(r->wmag);
+}
+
+/* got (fp32) within 2e-5 of the magnitude of its terms of want (relu'd
+ * when asked): fp32's rounding of sums of up to a few hundred terms */
+static void expect_near(const char *what, const char *name, const char *lv, const float *got,
+                        const double *want, const double *mag, size_t n, bool relu) {
+  for (size_t i = 0; i < n; i++) {
+    double ref = relu && !(want[i] > 0) ? 0 : want[i];
+    cr_assert(fabs(got[i] - ref) <= 2e-5 * mag[i] + 1e-30, "%s at %s: %s[%zu] = %.9g, want %.9g",
+              what, lv, name, i, (double)got[i], ref);
+  }
 }
 
 static void check_conv(const conv_case *c) {
@@ -236,6 +303,9 @@ static void check_conv(const conv_case *c) {
     double *din_ref = malloc(d.nin * sizeof(double)), *din_mag = malloc(d.nin * sizeof(double));
     if (c->depthwise)
       dw_dgrad_ref(&c->s, &d, dt, din_ref, din_mag);
+    conv_ref cref = {0};
+    if (!c->depthwise && dt == GS_F32)
+      cref = conv_ref_make(&c->s, &d);
     for (int relu = 0; relu < 2; relu++) {
       cr_assert_eq(gs_cpu_isa_set(GS_CPU_ISA_BASELINE), 0);
       result base = conv_run(c, dt, &d, relu);
@@ -244,14 +314,21 @@ static void check_conv(const conv_case *c) {
         result r = conv_run(c, dt, &d, relu);
         char what[96];
         snprintf(what, sizeof what, "%s %s%s", c->name, gs_dtype_name(dt), relu ? " relu" : "");
-        bool ndgrad, nfwd = native_bf16(c, dt, level, &ndgrad);
+        bool ndgrad, nfwd = native_bf16(c, dt, level, &ndgrad), direct = direct_conv(c, dt, level);
         const char *lv = gs_cpu_isa_name(level);
         size_t es = gs_dtype_size(dt);
-        if (!nfwd)
+        if (direct) { /* held to fp32's tolerance of the double definition */
+          expect_near(what, "out", lv, r.out, cref.out, cref.omag, r.nout, relu);
+          expect_near(what, "din", lv, r.din, cref.din, cref.imag, r.nin, false);
+          expect_near(what, "dw", lv, r.dw, cref.dw, cref.wmag, r.nw, false);
+          check_repeat(c, dt, level, &d, &r, relu, "direct");
+        }
+        if (!nfwd && !direct)
           expect_same(what, "out", level, base.out, r.out, base.nout * es);
-        if (!ndgrad)
+        if (!ndgrad && !direct)
           expect_same(what, "din", level, base.din, r.din, base.nin * es);
-        expect_same(what, "dw", level, base.dw, r.dw, base.nw * sizeof(float));
+        if (!direct)
+          expect_same(what, "dw", level, base.dw, r.dw, base.nw * sizeof(float));
         expect_same(what, "db", level, base.db, r.db, base.nb * sizeof(float));
         if (c->depthwise && !relu) {
           /* the native path's stated tolerance; the others', one rounding
@@ -273,13 +350,14 @@ static void check_conv(const conv_case *c) {
                       din_ref[i]);
           }
           if (nfwd)
-            check_native_repeat(c, &d, &r);
+            check_repeat(c, GS_BF16, level, &d, &r, false, "native bf16");
         }
         result_free(&r);
       }
       result_free(&base);
     }
     free(din_ref), free(din_mag);
+    conv_ref_free(&cref);
     conv_data_free(&d);
   }
 }
@@ -310,9 +388,59 @@ Test(kernels_isa, conv2d_same_bits_every_level, .init = setup, .fini = teardown)
       mk(2, 7, 9, 3, 3, 1, true, 13, false, "conv 3x3 3->13"),
       mk(2, 9, 7, 7, 5, 2, true, 11, false, "conv 5x5 s2 7->11"),
       mk(3, 5, 5, 13, 1, 1, false, 7, false, "conv 1x1 13->7"),
+      /* the direct loops' tails: output channels in two blocks (48 + 22),
+       * rows of 17 in tiles of 9 and 8, input channels in tiles of 7, 7, 6 */
+      mk(2, 6, 17, 20, 3, 1, true, 70, false, "conv 3x3 20->70"),
+      /* read in place at stride 2; 33 channels, the last vector one lane */
+      mk(3, 8, 8, 40, 1, 2, false, 33, false, "conv 1x1 s2 40->33"),
+      /* rows of 29 in tiles of 10, 10, 9 */
+      mk(1, 30, 29, 2, 3, 1, true, 16, false, "conv 3x3 2->16 wide"),
   };
   for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
     check_conv(&cs[i]);
+}
+
+/* The direct loops in chunks of images (as a small workspace makes them
+ * take) give the bits of one chunk: each image is its own sum in the
+ * forward, and dw adds images in order either way. */
+Test(kernels_isa, conv2d_direct_chunks_same_bits, .init = setup, .fini = teardown) {
+  if (gs_cpu_isa_max() < GS_CPU_ISA_AVX512)
+    cr_skip_test("this CPU has no AVX-512: the direct conv loops do not run here (%s)",
+                 gs_cpu_isa_name(gs_cpu_isa_max()));
+  cr_assert_eq(gs_cpu_isa_set(GS_CPU_ISA_AVX512), 0);
+  gs_cpu_geo g = {.n = 5, .h = 9, .w = 11, .c = 6, .kh = 3, .kw = 3, .stride = 1, .f = 10,
+                  .oh = 9, .ow = 11, .pt = 1, .pl = 1};
+  size_t nin = (size_t)(g.n * g.h * g.w * g.c), nw = (size_t)(g.kh * g.kw * g.c * g.f),
+         nout = (size_t)(g.n * g.oh * g.ow * g.f), one = gs_cpu_dconv_pad_floats(&g, 1);
+  cr_assert_gt(one, 0);
+  float *in = malloc(nin * 4), *w = malloc(nw * 4), *b = malloc((size_t)g.f * 4),
+        *dout = malloc(nout * 4), *ws = malloc(one * (size_t)g.n * 4);
+  for (size_t i = 0; i < nin; i++)
+    in[i] = frand();
+  for (size_t i = 0; i < nw; i++)
+    w[i] = frand();
+  for (long i = 0; i < g.f; i++)
+    b[i] = frand();
+  for (size_t i = 0; i < nout; i++)
+    dout[i] = frand();
+  float *out[3], *dw[3];
+  size_t room[3] = {one * (size_t)g.n, one * 2 + one / 2, one};
+  for (int k = 0; k < 3; k++) {
+    out[k] = malloc(nout * 4), dw[k] = calloc(nw, 4);
+    cr_assert(gs_cpu_dconv_forward(EX, &g, in, w, b, true, out[k], ws, room[k]));
+    cr_assert(gs_cpu_dconv_wgrad(EX, &g, in, dout, dw[k], ws, room[k]));
+  }
+  for (int k = 1; k < 3; k++) {
+    char what[64];
+    snprintf(what, sizeof what, "direct conv in chunks of %zu images", room[k] / one);
+    expect_same(what, "out", GS_CPU_ISA_AVX512, out[0], out[k], nout * 4);
+    expect_same(what, "dw", GS_CPU_ISA_AVX512, dw[0], dw[k], nw * 4);
+  }
+  cr_assert(!gs_cpu_dconv_forward(EX, &g, in, w, b, false, out[1], ws, one - 1),
+            "a workspace short of one image's padded copy is refused");
+  for (int k = 0; k < 3; k++)
+    free(out[k]), free(dw[k]);
+  free(in), free(w), free(b), free(dout), free(ws);
 }
 
 /* ---- pooling, relu, conversions, adam ---- */
