@@ -88,10 +88,10 @@ static long conv_images_per_chunk(const geo *g) {
  * dcol (N*OH*OW, KH*KW*C) and the gather back onto din cleared, wrote and
  * read nine times as much for a 3x3 window. */
 static bool conv_turnable(const geo *g) {
-  return g->stride == 1 && !conv_is_pointwise(g) && g->pt < g->kh && g->pl < g->kw;
+  return g->stride == 1 && g->pt < g->kh && g->pl < g->kw;
 }
 static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
-  return dt == GS_F32 && conv_turnable(g) &&
+  return dt == GS_F32 && conv_turnable(g) && !conv_is_pointwise(g) &&
          g->f <= g->c; /* never more workspace than the forward's */
 }
 
@@ -123,8 +123,8 @@ size_t gs_cpu_conv2d_workspace(gs_dtype dt, const gs_conv_shape *s) {
   if (g.n == 0 || p == 0)
     return 0;
   if (dt == GS_F32) {
-    if (conv_is_pointwise(&g))
-      return 0;
+    if (conv_is_pointwise(&g)) /* the direct loops' w turned (F, C) */
+      return sizeof(float) * k * f;
     size_t col = sizeof(float) * ipc * p * k;
     if (conv_dgrad_transposed(dt, &g)) { /* the backward's col of dout and w turned */
       geo t = conv_transposed(&g);
@@ -319,10 +319,7 @@ int gs_cpu_conv2d_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float
     if (dw && gs_cpu_dconv_wgrad(ex, &g, in, dout, dw, ws, wsf))
       dw = NULL;
     db = NULL;
-    if (din && conv_is_pointwise(&g)) { /* din = dout . w^T, OpenBLAS's */
-      gs_cpu_linear_backward(ex, din, NULL, NULL, dout, in, w, (size_t)g.n * p, k, f);
-      din = NULL;
-    } else if (din && conv_turnable(&g)) { /* the turned window's convolution of dout */
+    if (din && conv_turnable(&g)) { /* the turned window's convolution of dout */
       geo t = conv_transposed(&g);
       float *wt = ws;
       conv_turn_weights(&g, w, wt);

@@ -444,7 +444,8 @@ Test(kernels, workspace_sizes) {
   cr_expect_eq(B->dense_workspace(GS_F32, 128, 784, 256), gs_cpu_sparse_workspace(128, 784, 256),
                "fp32 dense: the sparse path's lists, or nothing");
   cr_expect_eq(B->dense_workspace(GS_F32, 128, 128, 10), 0, "too small for the sparse path");
-  cr_expect_eq(B->conv2d_workspace(GS_F32, &pw), 0, "fp32 1x1 conv is a plain GEMM");
+  cr_expect_eq(B->conv2d_workspace(GS_F32, &pw), 4 * 8 * 16,
+               "fp32 1x1 conv: w turned for the direct loops' input gradient");
   cr_expect_eq(B->depthwise_workspace(GS_F32, &pw), 0);
   cr_expect_eq(B->dense_workspace(GS_F16, 3, 7, 5), 4 * (3 * 7 + 7 * 5 + 3 * 5));
   gs_conv_shape c3 = {.n = 2, .h = 6, .w = 6, .c = 3, .kh = 3, .kw = 3, .stride = 1, .same = true, .f = 4};
