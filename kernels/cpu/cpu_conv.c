@@ -11,8 +11,12 @@
  * In fp32 at stride 1 din is instead the convolution of dout with the
  * window turned around (conv_dgrad_transposed): im2col of dout and one
  * GEMM straight into din.
- * A 1x1 stride-1 fp32 conv is already a GEMM over the input and uses no
- * workspace. To keep the workspace bounded whatever the batch, col holds a
+ * At the AVX-512 level every fp32 conv2d takes the direct loops of
+ * cpu_conv_direct.c instead (forward, weight gradient, stride-1 input
+ * gradient); the workspace holds room for them at every level, so a plan
+ * does not depend on the host.
+ * A 1x1 stride-1 fp32 conv is already a GEMM over the input and needs no
+ * workspace but the direct loops' w turned. To keep the workspace bounded whatever the batch, col holds a
  * chunk of whole images, sized to GS_CPU_COL_BYTES: the planner sees the
  * exact bytes from conv2d_workspace and the GEMMs stay large enough.
  * 16-bit storage converts while it builds col (so the conversion costs

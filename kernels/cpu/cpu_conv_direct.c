@@ -114,6 +114,31 @@ static const float *pad_chunk(gs_exec *ex, const gs_cpu_geo *g, const float *in,
   return p;
 }
 
+/* The register blocks: R x V accumulators (at most 14 x 4), V lane masks
+ * for the block's channels (the last vector may be short). The loops over
+ * r and v unroll in full, so each acc[r][v] is a register. */
+
+/* vecs[v] = the V vectors at p, masked */
+static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
+dc_loadv(const int V, __m512 *vecs, const __mmask16 *m, const float *p) {
+#pragma GCC unroll 16
+  for (int v = 0; v < V; v++)
+    vecs[v] = _mm512_maskz_loadu_ps(m[v], p + 16 * v);
+}
+
+/* acc[r][v] += x[r * xs] * vecs[v]: R broadcasts, R*V fused multiply-adds */
+static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
+dc_fma(const int R, const int V, __m512 acc[14][4], const float *x, long xs,
+       const __m512 *vecs) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; r++) {
+    __m512 xv = _mm512_set1_ps(x[r * xs]);
+#pragma GCC unroll 16
+    for (int v = 0; v < V; v++)
+      acc[r][v] = _mm512_fmadd_ps(xv, vecs[v], acc[r][v]);
+  }
+}
+
 /* ---- forward: R output pixels x V vectors of output channels ---- */
 
 struct fwd_args {
@@ -129,15 +154,13 @@ struct fwd_args {
 
 static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
 fwd_tile(const int R, const int V, const struct fwd_args *x) {
-  __m512 acc[14][4];
+  __m512 acc[14][4], wv[4];
   __mmask16 m[4];
-  _Pragma("GCC unroll 16")
-  for (int v = 0; v < V; v++)
-    m[v] = lane_mask(x->left, v);
-  _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
   for (int v = 0; v < V; v++) {
+    m[v] = lane_mask(x->left, v);
     __m512 b0 = x->b ? _mm512_maskz_loadu_ps(m[v], x->b + 16 * v) : _mm512_setzero_ps();
-    _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++)
       acc[r][v] = b0;
   }
@@ -146,22 +169,13 @@ fwd_tile(const int R, const int V, const struct fwd_args *x) {
       const float *ap = x->a + ky * x->rowp + kx * x->c;
       const float *wp = x->w + (ky * x->kw + kx) * x->c * x->f;
       for (long ci = 0; ci < x->c; ci++, wp += x->f) {
-        __m512 wv[4];
-        _Pragma("GCC unroll 16")
-        for (int v = 0; v < V; v++)
-          wv[v] = _mm512_maskz_loadu_ps(m[v], wp + 16 * v);
-        _Pragma("GCC unroll 16")
-        for (int r = 0; r < R; r++) {
-          __m512 xv = _mm512_set1_ps(ap[r * x->sp + ci]);
-          _Pragma("GCC unroll 16")
-          for (int v = 0; v < V; v++)
-            acc[r][v] = _mm512_fmadd_ps(xv, wv[v], acc[r][v]);
-        }
+        dc_loadv(V, wv, m, wp);
+        dc_fma(R, V, acc, ap + ci, x->sp, wv);
       }
     }
-  _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
   for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
     for (int v = 0; v < V; v++) {
       __m512 y = acc[r][v];
       if (x->relu) /* gs_cpu_relu1: NaN passes, -0 becomes +0 */
@@ -183,36 +197,25 @@ struct wg_args {
 
 static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
 wg_tile(const int R, const int V, const struct wg_args *x) {
-  __m512 acc[14][4];
+  __m512 acc[14][4], dv[4];
   __mmask16 m[4];
-  _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
   for (int v = 0; v < V; v++)
     m[v] = lane_mask(x->left, v);
-  _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
   for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 16")
-    for (int v = 0; v < V; v++)
-      acc[r][v] = _mm512_maskz_loadu_ps(m[v], x->dw + r * x->f + 16 * v);
+    dc_loadv(V, acc[r], m, x->dw + r * x->f);
   const float *d = x->d;
   for (long oy = 0; oy < x->oh; oy++) {
     const float *ap = x->a + oy * x->rs * x->rowp;
     for (long ox = 0; ox < x->ow; ox++, ap += x->sp, d += x->f) {
-      __m512 dv[4];
-      _Pragma("GCC unroll 16")
-      for (int v = 0; v < V; v++)
-        dv[v] = _mm512_maskz_loadu_ps(m[v], d + 16 * v);
-      _Pragma("GCC unroll 16")
-      for (int r = 0; r < R; r++) {
-        __m512 xv = _mm512_set1_ps(ap[r]);
-        _Pragma("GCC unroll 16")
-        for (int v = 0; v < V; v++)
-          acc[r][v] = _mm512_fmadd_ps(xv, dv[v], acc[r][v]);
-      }
+      dc_loadv(V, dv, m, d);
+      dc_fma(R, V, acc, ap, 1, dv);
     }
   }
-  _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
   for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 16")
+#pragma GCC unroll 16
     for (int v = 0; v < V; v++)
       _mm512_mask_storeu_ps(x->dw + r * x->f + 16 * v, m[v], acc[r][v]);
 }
@@ -257,17 +260,19 @@ static void tiles_of(long n, long max, long *r, long *count) {
 
 struct dconv_job {
   const gs_cpu_geo *g;
-  const float *p; /* the chunk, padded */
-  long hp, wp, v, nfb, nc;
-  const float *w, *b;
+  const float *p;         /* the chunk, padded */
+  long hp, wp;            /* its rows and columns */
+  long v, nfb;            /* output channels: nfb blocks of up to v vectors */
+  long ipc, n0, nc;       /* images a chunk; the chunk's first, and count */
+  const float *w, *b;     /* forward */
   bool relu;
-  float *out; /* the chunk's first image */
-  const float *dout;
+  float *out;             /* (N, OH, OW, F) */
+  const float *dout;      /* wgrad */
   float *dw;
-  long rt, ntiles; /* wgrad: input-channel tiles */
+  long rt, ntiles;        /* wgrad: input-channel tiles of up to rt */
 };
 
-/* output rows (img, oy) [lo, hi) of the chunk */
+/* output rows (img, oy) [lo, hi) of the chunk (img from its first) */
 static void fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct dconv_job *j = ctx;
   const gs_cpu_geo *g = j->g;
@@ -285,7 +290,7 @@ static void fwd_part(void *ctx, size_t lo, size_t hi) {
             .sp = g->stride * g->c, .rowp = j->wp * g->c, .kh = g->kh, .kw = g->kw,
             .c = g->c, .f = g->f, .w = j->w + f0, .b = j->b ? j->b + f0 : NULL,
             .left = left, .relu = j->relu,
-            .o = j->out + ((img * g->oh + oy) * g->ow + ox0) * g->f + f0};
+            .o = j->out + (((j->n0 + img) * g->oh + oy) * g->ow + ox0) * g->f + f0};
         fwd_tile_any(rr, vv, &x);
       }
     }
@@ -308,50 +313,53 @@ static void wg_part(void *ctx, size_t lo, size_t hi) {
       struct wg_args x = {
           .a = j->p + ((img * j->hp + ky) * j->wp + kx) * g->c + c0, .sp = g->stride * g->c,
           .rowp = j->wp * g->c, .rs = g->stride, .oh = g->oh, .ow = g->ow, .f = g->f,
-          .d = j->dout + img * g->oh * g->ow * g->f + f0, .left = left,
+          .d = j->dout + (j->n0 + img) * g->oh * g->ow * g->f + f0, .left = left,
           .dw = j->dw + (tap * g->c + c0) * g->f + f0};
       wg_tile_any(rr, vv, &x);
     }
 }
 
-/* images per chunk whose padded copy fits `floats` of workspace (0: none) */
-static long chunk_images(const gs_cpu_geo *g, size_t floats) {
+/* the job of g over workspace ws (ws_floats): images per chunk whose
+ * padded copy fits, the padded geometry and the output-channel blocks;
+ * false when not one image fits */
+static bool job_init(struct dconv_job *j, const gs_cpu_geo *g, size_t ws_floats) {
   size_t per = gs_cpu_dconv_pad_floats(g, 1);
-  if (!per)
-    return g->n;
-  long nc = (long)(floats / per);
-  return nc < g->n ? nc : g->n;
+  long ipc = per ? (long)(ws_floats / per) : g->n;
+  if (ipc < 1)
+    return false;
+  bool inplace;
+  j->g = g, j->ipc = ipc < g->n ? ipc : g->n;
+  pad_geo(g, &j->hp, &j->wp, &inplace);
+  f_blocks(g->f, &j->v, &j->nfb);
+  return true;
+}
+
+/* fn over each chunk of images in order, padded into ws first: `units`
+ * items a chunk, or one per output row where units is 0 */
+static void run_chunks(gs_exec *ex, struct dconv_job *j, const float *in, float *ws,
+                       size_t units, gs_cpu_range_fn fn) {
+  const gs_cpu_geo *g = j->g;
+  for (j->n0 = 0; j->n0 < g->n; j->n0 += j->ipc) {
+    j->nc = g->n - j->n0 < j->ipc ? g->n - j->n0 : j->ipc;
+    j->p = pad_chunk(ex, g, in, ws, j->n0, j->nc);
+    gs_cpu_parallel(ex, units ? units : (size_t)(j->nc * g->oh), units ? 1 : 4, fn, j);
+  }
 }
 
 bool gs_cpu_dconv_forward(gs_exec *ex, const gs_cpu_geo *g, const float *in, const float *w,
                           const float *b, bool relu, float *out, float *ws, size_t ws_floats) {
-  long ipc = chunk_images(g, ws_floats);
-  if (ipc < 1)
+  struct dconv_job j = {.w = w, .b = b, .relu = relu, .out = out};
+  if (!job_init(&j, g, ws_floats))
     return false;
-  long hp, wp;
-  bool inplace;
-  pad_geo(g, &hp, &wp, &inplace);
-  struct dconv_job j = {.g = g, .hp = hp, .wp = wp, .w = w, .b = b, .relu = relu};
-  f_blocks(g->f, &j.v, &j.nfb);
-  for (long n0 = 0; n0 < g->n; n0 += ipc) {
-    j.nc = g->n - n0 < ipc ? g->n - n0 : ipc;
-    j.p = pad_chunk(ex, g, in, ws, n0, j.nc);
-    j.out = out + (size_t)n0 * (size_t)(g->oh * g->ow * g->f);
-    gs_cpu_parallel(ex, (size_t)(j.nc * g->oh), 4, fwd_part, &j);
-  }
+  run_chunks(ex, &j, in, ws, 0, fwd_part);
   return true;
 }
 
 bool gs_cpu_dconv_wgrad(gs_exec *ex, const gs_cpu_geo *g, const float *in, const float *dout,
                         float *dw, float *ws, size_t ws_floats) {
-  long ipc = chunk_images(g, ws_floats);
-  if (ipc < 1)
+  struct dconv_job j = {.dout = dout, .dw = dw};
+  if (!job_init(&j, g, ws_floats))
     return false;
-  long hp, wp;
-  bool inplace;
-  pad_geo(g, &hp, &wp, &inplace);
-  struct dconv_job j = {.g = g, .hp = hp, .wp = wp, .dw = dw};
-  f_blocks(g->f, &j.v, &j.nfb);
   tiles_of(g->c, rmax(j.v), &j.rt, &j.ntiles);
   size_t units = (size_t)(g->kh * g->kw * j.ntiles * j.nfb);
   /* few units that split unevenly over the threads (a 1x1 conv of 32
@@ -367,12 +375,7 @@ bool gs_cpu_dconv_wgrad(gs_exec *ex, const gs_cpu_geo *g, const float *in, const
     if (now > was)
       j.v = v2, j.nfb = nfb2, j.rt = rt2, j.ntiles = nt2, units = u2;
   }
-  for (long n0 = 0; n0 < g->n; n0 += ipc) {
-    j.nc = g->n - n0 < ipc ? g->n - n0 : ipc;
-    j.p = pad_chunk(ex, g, in, ws, n0, j.nc);
-    j.dout = dout + (size_t)n0 * (size_t)(g->oh * g->ow * g->f);
-    gs_cpu_parallel(ex, units, 1, wg_part, &j);
-  }
+  run_chunks(ex, &j, in, ws, units, wg_part);
   return true;
 }
 
