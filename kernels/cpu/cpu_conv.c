@@ -11,8 +11,8 @@
  * In fp32 at stride 1 din is instead the convolution of dout with the
  * window turned around (conv_dgrad_transposed): im2col of dout and one
  * GEMM straight into din.
- * At the AVX-512 level every fp32 conv2d takes the direct loops of
- * cpu_conv_direct.c instead (forward, weight gradient, stride-1 input
+ * At the AVX2 and AVX-512 levels every fp32 conv2d takes the direct loops
+ * of cpu_conv_direct.c instead (forward, weight gradient, stride-1 input
  * gradient); the workspace holds room for them at every level, so a plan
  * does not depend on the host.
  * A 1x1 stride-1 fp32 conv is already a GEMM over the input and needs no

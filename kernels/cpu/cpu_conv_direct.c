@@ -1,6 +1,6 @@
 /*
- * cpu_conv_direct.c: fp32 conv2d as direct AVX-512 loops, for the layers
- * im2col + GEMM (cpu_conv.c) serves less well on a CPU with AVX-512.
+ * cpu_conv_direct.c: fp32 conv2d as direct vector loops (AVX2 and
+ * AVX-512), in place of im2col + GEMM (cpu_conv.c).
  *
  * im2col writes each output pixel's window out as a row (KH*KW times the
  * input for a 3x3 window) and OpenBLAS packs that matrix once more before
@@ -8,10 +8,12 @@
  * the two copies cost as much as a third of the multiply-adds. Here the
  * windows are read where they lie. The input is copied once, zero-padded,
  * so that every window is whole (or read in place when no window crosses
- * an edge), and a register block of R output pixels x V vectors of 16
- * output channels accumulates over the window's taps and channels: for
- * each (tap, channel) V weight vectors are loaded and each pixel's input
- * value is broadcast into R*V fused multiply-adds.
+ * an edge), and a register block of R output pixels x V vectors of output
+ * channels accumulates over the window's taps and channels: for each
+ * (tap, channel) V weight vectors are loaded and each pixel's input value
+ * is broadcast into R*V fused multiply-adds (cpu_dconv_tile.h, at 16
+ * floats a vector for AVX-512 and 8 for AVX2). A 1x1 stride-1 conv's
+ * blocks run over its pixels across rows and images.
  *
  * The weight gradient is the same sum turned around: per tap, a block of
  * R input channels x V vectors of output channels accumulates over every
@@ -21,12 +23,12 @@
  * is the forward loop run on dout with the window turned around
  * (cpu_conv.c, conv_transposed).
  *
- * Only the AVX-512 level takes these loops (gs_cpu_dconv_ok); every other
- * level and storage type keeps im2col + GEMM. The sums are fused
- * multiply-adds in a different order than OpenBLAS's, so the results are
- * not the bits of the other levels: test_kernels_isa holds them to fp32's
- * tolerance of a double-precision definition and to the same bits on 1 and
- * 2 threads.
+ * The AVX2 and AVX-512 levels take these loops (gs_cpu_dconv_ok); the
+ * baseline and the 16-bit storage types keep im2col + GEMM. Each output is
+ * one chain of fused multiply-adds in the window's order, the same at
+ * either width but not OpenBLAS's order: test_kernels_isa holds the
+ * results to fp32's tolerance of a double-precision definition, to the
+ * same bits at both widths, and on 1 and 2 threads.
  */
 #include <string.h>
 
@@ -34,23 +36,6 @@
 
 #if defined(GS_CPU_X86_TARGETS)
 #include <immintrin.h>
-
-/* the largest register block of R pixels (or input channels) for V
- * vectors: R*V accumulators, V weight vectors and the broadcast in 32 */
-static long rmax(long v) { return v == 1 ? 14 : v == 2 ? 14 : v == 3 ? 9 : 7; }
-
-/* f in nfb blocks of v vectors each (the last may be shorter) */
-static void f_blocks(long f, long *v, long *nfb) {
-  long vecs = (f + 15) / 16;
-  *nfb = (vecs + 3) / 4;
-  *v = (vecs + *nfb - 1) / *nfb;
-}
-
-/* mask of the lanes of vector j of a block of `left` channels */
-static inline __mmask16 lane_mask(long left, long j) {
-  long n = left - 16 * j;
-  return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
 
 /* padded-input geometry: rows hp, columns wp; in place when no window
  * crosses an edge */
@@ -70,7 +55,7 @@ size_t gs_cpu_dconv_pad_floats(const gs_cpu_geo *g, long images) {
 }
 
 bool gs_cpu_dconv_ok(gs_dtype dt) {
-  return dt == GS_F32 && gs_cpu_clone() == GS_CPU_ISA_AVX512;
+  return dt == GS_F32 && gs_cpu_clone() >= GS_CPU_ISA_AVX2;
 }
 
 /* ---- the padded copy ---- */
@@ -114,32 +99,7 @@ static const float *pad_chunk(gs_exec *ex, const gs_cpu_geo *g, const float *in,
   return p;
 }
 
-/* The register blocks: R x V accumulators (at most 14 x 4), V lane masks
- * for the block's channels (the last vector may be short). The loops over
- * r and v unroll in full, so each acc[r][v] is a register. */
-
-/* vecs[v] = the V vectors at p, masked */
-static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
-dc_loadv(const int V, __m512 *vecs, const __mmask16 *m, const float *p) {
-#pragma GCC unroll 16
-  for (int v = 0; v < V; v++)
-    vecs[v] = _mm512_maskz_loadu_ps(m[v], p + 16 * v);
-}
-
-/* acc[r][v] += x[r * xs] * vecs[v]: R broadcasts, R*V fused multiply-adds */
-static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
-dc_fma(const int R, const int V, __m512 acc[14][4], const float *x, long xs,
-       const __m512 *vecs) {
-#pragma GCC unroll 16
-  for (int r = 0; r < R; r++) {
-    __m512 xv = _mm512_set1_ps(x[r * xs]);
-#pragma GCC unroll 16
-    for (int v = 0; v < V; v++)
-      acc[r][v] = _mm512_fmadd_ps(xv, vecs[v], acc[r][v]);
-  }
-}
-
-/* ---- forward: R output pixels x V vectors of output channels ---- */
+/* ---- the register blocks (cpu_dconv_tile.h, once per vector width) ---- */
 
 struct fwd_args {
   const float *a; /* padded input at the tile's first window's first tap */
@@ -152,40 +112,6 @@ struct fwd_args {
   float *o; /* out at the tile's first pixel, the block's first channel */
 };
 
-static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
-fwd_tile(const int R, const int V, const struct fwd_args *x) {
-  __m512 acc[14][4], wv[4];
-  __mmask16 m[4];
-#pragma GCC unroll 16
-  for (int v = 0; v < V; v++) {
-    m[v] = lane_mask(x->left, v);
-    __m512 b0 = x->b ? _mm512_maskz_loadu_ps(m[v], x->b + 16 * v) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-      acc[r][v] = b0;
-  }
-  for (long ky = 0; ky < x->kh; ky++)
-    for (long kx = 0; kx < x->kw; kx++) {
-      const float *ap = x->a + ky * x->rowp + kx * x->c;
-      const float *wp = x->w + (ky * x->kw + kx) * x->c * x->f;
-      for (long ci = 0; ci < x->c; ci++, wp += x->f) {
-        dc_loadv(V, wv, m, wp);
-        dc_fma(R, V, acc, ap + ci, x->sp, wv);
-      }
-    }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; r++)
-#pragma GCC unroll 16
-    for (int v = 0; v < V; v++) {
-      __m512 y = acc[r][v];
-      if (x->relu) /* gs_cpu_relu1: NaN passes, -0 becomes +0 */
-        y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_NLE_UQ), y);
-      _mm512_mask_storeu_ps(x->o + r * x->f + 16 * v, m[v], y);
-    }
-}
-
-/* ---- weight gradient: R input channels x V vectors of output channels ---- */
-
 struct wg_args {
   const float *a;    /* padded input of the image at the tap, the block's first channel */
   long sp, rowp, rs; /* floats between windows, padded rows, window rows */
@@ -195,47 +121,50 @@ struct wg_args {
   float *dw; /* dw (C, F) of the tap at the block's first input and output channel */
 };
 
-static inline __attribute__((always_inline)) GS_CPU_TARGET_AVX512 void
-wg_tile(const int R, const int V, const struct wg_args *x) {
-  __m512 acc[14][4], dv[4];
-  __mmask16 m[4];
-#pragma GCC unroll 16
-  for (int v = 0; v < V; v++)
-    m[v] = lane_mask(x->left, v);
-#pragma GCC unroll 16
-  for (int r = 0; r < R; r++)
-    dc_loadv(V, acc[r], m, x->dw + r * x->f);
-  const float *d = x->d;
-  for (long oy = 0; oy < x->oh; oy++) {
-    const float *ap = x->a + oy * x->rs * x->rowp;
-    for (long ox = 0; ox < x->ow; ox++, ap += x->sp, d += x->f) {
-      dc_loadv(V, dv, m, d);
-      dc_fma(R, V, acc, ap, 1, dv);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; r++)
-#pragma GCC unroll 16
-    for (int v = 0; v < V; v++)
-      _mm512_mask_storeu_ps(x->dw + r * x->f + 16 * v, m[v], acc[r][v]);
-}
+/* one vector width's blocks: w floats a vector, blocks of up to vmax
+ * vectors, of at most rmax[v - 1] pixels (or input channels) for v */
+struct dc_width {
+  int w;
+  long vmax;
+  const long *rmax;
+  void (*fwd)(long r, long v, const struct fwd_args *x);
+  void (*wg)(long r, long v, const struct wg_args *x);
+};
 
-/* the tile for (r, v) with both as constants: r in [1, rmax(v)] */
+/* the tile for (r, v) with both as constants */
 #define DC_R4(K, V, x, r0)                                                          \
   case r0 + 1: K(r0 + 1, V, x); break;                                              \
   case r0 + 2: K(r0 + 2, V, x); break;                                              \
   case r0 + 3: K(r0 + 3, V, x); break;                                              \
   case r0 + 4: K(r0 + 4, V, x); break;
-#define DC_R7(K, V, x) DC_R4(K, V, x, 0) case 5: K(5, V, x); break;                 \
-  case 6: K(6, V, x); break;                                                        \
-  case 7: K(7, V, x); break;
+#define DC_R6(K, V, x) DC_R4(K, V, x, 0) case 5: K(5, V, x); break;                 \
+  case 6: K(6, V, x); break;
+#define DC_R7(K, V, x) DC_R6(K, V, x) case 7: K(7, V, x); break;
 #define DC_R9(K, V, x) DC_R7(K, V, x) case 8: K(8, V, x); break;                    \
   case 9: K(9, V, x); break;
-#define DC_R14(K, V, x) DC_R9(K, V, x) case 10: K(10, V, x); break;                 \
+#define DC_R12(K, V, x) DC_R9(K, V, x) case 10: K(10, V, x); break;                 \
   case 11: K(11, V, x); break;                                                      \
-  case 12: K(12, V, x); break;                                                      \
-  case 13: K(13, V, x); break;                                                      \
+  case 12: K(12, V, x); break;
+#define DC_R14(K, V, x) DC_R12(K, V, x) case 13: K(13, V, x); break;                \
   case 14: K(14, V, x); break;
+
+/* AVX-512: 32 registers hold up to 14 x 4 accumulators, the weight vectors
+ * and the broadcast; the lane mask is a k register */
+#define DC_VT __m512
+#define DC_W 16
+#define DC_MT __mmask16
+#define DC_TARGET GS_CPU_TARGET_AVX512
+#define DC_NAME(x) x##_512
+#define DC_RMAX 14, 14, 9, 7
+#define DC_MASK(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1u))
+#define DC_LOADU _mm512_loadu_ps
+#define DC_LOADM(m, p) _mm512_maskz_loadu_ps(m, p)
+#define DC_STOREU _mm512_storeu_ps
+#define DC_STOREM(p, m, y) _mm512_mask_storeu_ps(p, m, y)
+#define DC_SET1 _mm512_set1_ps
+#define DC_FMADD _mm512_fmadd_ps
+#define DC_ZERO _mm512_setzero_ps()
+#define DC_RELU(y) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_NLE_UQ), y)
 #define DC_DISPATCH(K, r, v, x)                               \
   switch (v) {                                                \
   case 1: switch (r) { DC_R14(K, 1, x) } break;               \
@@ -243,13 +172,62 @@ wg_tile(const int R, const int V, const struct wg_args *x) {
   case 3: switch (r) { DC_R9(K, 3, x) } break;                \
   default: switch (r) { DC_R7(K, 4, x) } break;               \
   }
+#include "kernels/cpu/cpu_dconv_tile.h"
+#undef DC_VT
+#undef DC_W
+#undef DC_MT
+#undef DC_TARGET
+#undef DC_NAME
+#undef DC_RMAX
+#undef DC_MASK
+#undef DC_LOADU
+#undef DC_LOADM
+#undef DC_STOREU
+#undef DC_STOREM
+#undef DC_SET1
+#undef DC_FMADD
+#undef DC_ZERO
+#undef DC_RELU
+#undef DC_DISPATCH
 
-GS_CPU_TARGET_AVX512 static void fwd_tile_any(long r, long v, const struct fwd_args *x) {
-  DC_DISPATCH(fwd_tile, r, v, x)
+/* AVX2: 16 registers hold up to 12 x 1 or 6 x 2 accumulators, the weight
+ * vectors, the broadcast and the lane mask (a vector) */
+#define DC_VT __m256
+#define DC_W 8
+#define DC_MT __m256i
+#define DC_TARGET GS_CPU_TARGET_AVX2
+#define DC_NAME(x) x##_256
+#define DC_RMAX 12, 6
+#define DC_MASK(n) \
+  _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define DC_LOADU _mm256_loadu_ps
+#define DC_LOADM(m, p) _mm256_maskload_ps(p, m)
+#define DC_STOREU _mm256_storeu_ps
+#define DC_STOREM(p, m, y) _mm256_maskstore_ps(p, m, y)
+#define DC_SET1 _mm256_set1_ps
+#define DC_FMADD _mm256_fmadd_ps
+#define DC_ZERO _mm256_setzero_ps()
+#define DC_RELU(y) _mm256_and_ps(y, _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_NLE_UQ))
+#define DC_DISPATCH(K, r, v, x)                               \
+  switch (v) {                                                \
+  case 1: switch (r) { DC_R12(K, 1, x) } break;               \
+  default: switch (r) { DC_R6(K, 2, x) } break;               \
+  }
+#include "kernels/cpu/cpu_dconv_tile.h"
+
+/* the blocks of the level in use */
+static const struct dc_width *width_in_use(void) {
+  return gs_cpu_clone() >= GS_CPU_ISA_AVX512 ? &width_512 : &width_256;
 }
 
-GS_CPU_TARGET_AVX512 static void wg_tile_any(long r, long v, const struct wg_args *x) {
-  DC_DISPATCH(wg_tile, r, v, x)
+/* the largest R for v vectors */
+static long rmax(const struct dc_width *wd, long v) { return wd->rmax[v - 1]; }
+
+/* f in *nfb blocks of *v vectors each (the last may be shorter) */
+static void f_blocks(const struct dc_width *wd, long vmax, long f, long *v, long *nfb) {
+  long vecs = (f + wd->w - 1) / wd->w;
+  *nfb = (vecs + vmax - 1) / vmax;
+  *v = (vecs + *nfb - 1) / *nfb;
 }
 
 /* n items in tiles of at most `max`: *r items each but the last */
@@ -260,6 +238,7 @@ static void tiles_of(long n, long max, long *r, long *count) {
 
 struct dconv_job {
   const gs_cpu_geo *g;
+  const struct dc_width *wd; /* the vector width's blocks */
   const float *p;         /* the chunk, padded */
   long hp, wp;            /* its rows and columns */
   long v, nfb;            /* output channels: nfb blocks of up to v vectors */
@@ -269,7 +248,7 @@ struct dconv_job {
   float *out;             /* (N, OH, OW, F) */
   const float *dout;      /* wgrad */
   float *dw;
-  long rt, ntiles;        /* wgrad: input-channel tiles of up to rt */
+  long rt, ntiles;        /* wgrad: input-channel tiles of up to rt; 1x1: pixels a tile */
 };
 
 /* output rows (img, oy) [lo, hi) of the chunk (img from its first) */
@@ -277,13 +256,13 @@ static void fwd_part(void *ctx, size_t lo, size_t hi) {
   const struct dconv_job *j = ctx;
   const gs_cpu_geo *g = j->g;
   long r, nt;
-  tiles_of(g->ow, rmax(j->v), &r, &nt);
+  tiles_of(g->ow, rmax(j->wd, j->v), &r, &nt);
   for (long row = (long)lo; row < (long)hi; row++) {
     long img = row / g->oh, oy = row % g->oh;
     for (long t = 0; t < nt; t++) {
       long ox0 = t * r, rr = g->ow - ox0 < r ? g->ow - ox0 : r;
       for (long fb = 0; fb < j->nfb; fb++) {
-        long f0 = fb * j->v * 16, left = g->f - f0, vv = (left + 15) / 16;
+        long f0 = fb * j->v * j->wd->w, left = g->f - f0, vv = (left + j->wd->w - 1) / j->wd->w;
         vv = vv < j->v ? vv : j->v;
         struct fwd_args x = {
             .a = j->p + ((img * j->hp + oy * g->stride) * j->wp + ox0 * g->stride) * g->c,
@@ -291,8 +270,29 @@ static void fwd_part(void *ctx, size_t lo, size_t hi) {
             .c = g->c, .f = g->f, .w = j->w + f0, .b = j->b ? j->b + f0 : NULL,
             .left = left, .relu = j->relu,
             .o = j->out + (((j->n0 + img) * g->oh + oy) * g->ow + ox0) * g->f + f0};
-        fwd_tile_any(rr, vv, &x);
+        j->wd->fwd(rr, vv, &x);
       }
+    }
+  }
+}
+
+/* A 1x1 stride-1 conv's pixels lie one after another across rows and
+ * images: its tiles [lo, hi) of r pixels run over them all, so rows of 7
+ * or 14 pixels do not cut the blocks short. */
+static void fwd_flat_part(void *ctx, size_t lo, size_t hi) {
+  const struct dconv_job *j = ctx;
+  const gs_cpu_geo *g = j->g;
+  long total = j->nc * g->oh * g->ow, r = j->rt;
+  for (long t = (long)lo; t < (long)hi; t++) {
+    long p0 = t * r, rr = total - p0 < r ? total - p0 : r;
+    for (long fb = 0; fb < j->nfb; fb++) {
+      long f0 = fb * j->v * j->wd->w, left = g->f - f0, vv = (left + j->wd->w - 1) / j->wd->w;
+      vv = vv < j->v ? vv : j->v;
+      struct fwd_args x = {.a = j->p + p0 * g->c, .sp = g->c, .rowp = 0, .kh = 1, .kw = 1,
+                           .c = g->c, .f = g->f, .w = j->w + f0, .b = j->b ? j->b + f0 : NULL,
+                           .left = left, .relu = j->relu,
+                           .o = j->out + (j->n0 * g->oh * g->ow + p0) * g->f + f0};
+      j->wd->fwd(rr, vv, &x);
     }
   }
 }
@@ -308,14 +308,14 @@ static void wg_part(void *ctx, size_t lo, size_t hi) {
       long tap = u / per_tap, ct = u % per_tap / j->nfb, fb = u % j->nfb;
       long ky = tap / g->kw, kx = tap % g->kw, c0 = ct * j->rt;
       long rr = g->c - c0 < j->rt ? g->c - c0 : j->rt;
-      long f0 = fb * j->v * 16, left = g->f - f0, vv = (left + 15) / 16;
+      long f0 = fb * j->v * j->wd->w, left = g->f - f0, vv = (left + j->wd->w - 1) / j->wd->w;
       vv = vv < j->v ? vv : j->v;
       struct wg_args x = {
           .a = j->p + ((img * j->hp + ky) * j->wp + kx) * g->c + c0, .sp = g->stride * g->c,
           .rowp = j->wp * g->c, .rs = g->stride, .oh = g->oh, .ow = g->ow, .f = g->f,
           .d = j->dout + (j->n0 + img) * g->oh * g->ow * g->f + f0, .left = left,
           .dw = j->dw + (tap * g->c + c0) * g->f + f0};
-      wg_tile_any(rr, vv, &x);
+      j->wd->wg(rr, vv, &x);
     }
 }
 
@@ -330,7 +330,8 @@ static bool job_init(struct dconv_job *j, const gs_cpu_geo *g, size_t ws_floats)
   bool inplace;
   j->g = g, j->ipc = ipc < g->n ? ipc : g->n;
   pad_geo(g, &j->hp, &j->wp, &inplace);
-  f_blocks(g->f, &j->v, &j->nfb);
+  j->wd = width_in_use();
+  f_blocks(j->wd, j->wd->vmax, g->f, &j->v, &j->nfb);
   return true;
 }
 
@@ -351,7 +352,13 @@ bool gs_cpu_dconv_forward(gs_exec *ex, const gs_cpu_geo *g, const float *in, con
   struct dconv_job j = {.w = w, .b = b, .relu = relu, .out = out};
   if (!job_init(&j, g, ws_floats))
     return false;
-  run_chunks(ex, &j, in, ws, 0, fwd_part);
+  if (g->kh == 1 && g->kw == 1 && g->stride == 1 && !gs_cpu_dconv_pad_floats(g, 1)) {
+    long total = j.ipc * g->oh * g->ow, r = rmax(j.wd, j.v); /* in place: one chunk */
+    j.rt = r;
+    run_chunks(ex, &j, in, ws, (size_t)((total + r - 1) / r), fwd_flat_part);
+  } else {
+    run_chunks(ex, &j, in, ws, 0, fwd_part);
+  }
   return true;
 }
 
@@ -360,15 +367,16 @@ bool gs_cpu_dconv_wgrad(gs_exec *ex, const gs_cpu_geo *g, const float *in, const
   struct dconv_job j = {.dout = dout, .dw = dw};
   if (!job_init(&j, g, ws_floats))
     return false;
-  tiles_of(g->c, rmax(j.v), &j.rt, &j.ntiles);
+  tiles_of(g->c, rmax(j.wd, j.v), &j.rt, &j.ntiles);
   size_t units = (size_t)(g->kh * g->kw * j.ntiles * j.nfb);
   /* few units that split unevenly over the threads (a 1x1 conv of 32
    * channels: 5 tiles of 7 x 4 vectors) take blocks half as wide, more
    * and taller tiles, where those split better */
   size_t th = (size_t)(ex->threads > 0 ? ex->threads : 1);
   if (j.v > 1 && units % th && units < 4 * th) {
-    long v2 = (j.v + 1) / 2, nfb2 = ((g->f + 15) / 16 + v2 - 1) / v2, rt2, nt2;
-    tiles_of(g->c, rmax(v2), &rt2, &nt2);
+    long v2, nfb2, rt2, nt2;
+    f_blocks(j.wd, (j.v + 1) / 2, g->f, &v2, &nfb2);
+    tiles_of(g->c, rmax(j.wd, v2), &rt2, &nt2);
     size_t u2 = (size_t)(g->kh * g->kw * nt2 * nfb2);
     double was = (double)units / (double)((units + th - 1) / th),
            now = (double)u2 / (double)((u2 + th - 1) / th);

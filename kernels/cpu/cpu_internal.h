@@ -267,7 +267,7 @@ int gs_cpu_dense_backward(gs_exec *ex, gs_dtype dt, void *din, float *dw, float 
 typedef struct gs_cpu_geo {
   long n, h, w, c, kh, kw, stride, f, oh, ow, pt, pl;
 } gs_cpu_geo;
-/* fp32 conv2d by direct AVX-512 loops (cpu_conv_direct.c): whether dt at
+/* fp32 conv2d by direct AVX2/AVX-512 loops (cpu_conv_direct.c): whether dt at
  * the level in use takes them; the floats of workspace the padded copy of
  * `images` images takes (0 where the input is read in place); out (N, OH,
  * OW, F) = conv(in, w) + b (or 0 when b is NULL), relu'd when asked; dw

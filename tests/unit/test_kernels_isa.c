@@ -12,7 +12,12 @@
  * level, which take native bf16 dot products (vdpbf16ps) and round
  * differently: those are held to their stated tolerance (2^-8 of the sum of
  * the magnitudes of an output's terms) of a double-precision definition,
- * and to the same bits on 1 and 2 threads and from run to run. The
+ * and to the same bits on 1 and 2 threads and from run to run; and fp32
+ * conv2d at the avx2 level and above, which runs direct loops of fused
+ * multiply-adds (cpu_conv_direct.c): out, din and dw within 2e-5 of the
+ * magnitude of their terms of a double-precision definition, the same bits
+ * at avx2 as at avx512, on 1 and 2 threads, from run to run and in chunks
+ * of images. The
  * depthwise forward and input gradient are checked against the double
  * definition at every level, within the storage type's tolerance. test_kernels checks
  * the ops' gradients against finite differences at the host's own level;
@@ -214,9 +219,9 @@ static bool native_bf16(const conv_case *c, gs_dtype dt, int level, bool *dgrad)
 }
 
 /* whether (case, dt, level) takes the direct fp32 conv loops
- * (cpu_conv_direct.c): every fp32 conv2d at the AVX-512 levels */
+ * (cpu_conv_direct.c): every fp32 conv2d at the AVX2 level and above */
 static bool direct_conv(const conv_case *c, gs_dtype dt, int level) {
-  return !c->depthwise && dt == GS_F32 && level >= GS_CPU_ISA_AVX512;
+  return !c->depthwise && dt == GS_F32 && level >= GS_CPU_ISA_AVX2;
 }
 
 /* a path of its own rounding (native bf16, direct conv): the same bits on
@@ -308,7 +313,8 @@ static void check_conv(const conv_case *c) {
       cref = conv_ref_make(&c->s, &d);
     for (int relu = 0; relu < 2; relu++) {
       cr_assert_eq(gs_cpu_isa_set(GS_CPU_ISA_BASELINE), 0);
-      result base = conv_run(c, dt, &d, relu);
+      result base = conv_run(c, dt, &d, relu), first_direct = {0};
+      int first_level = -1;
       for (int level = GS_CPU_ISA_BASELINE; level <= gs_cpu_isa_max(); level++) {
         cr_assert_eq(gs_cpu_isa_set(level), 0);
         result r = conv_run(c, dt, &d, relu);
@@ -322,6 +328,15 @@ static void check_conv(const conv_case *c) {
           expect_near(what, "din", lv, r.din, cref.din, cref.imag, r.nin, false);
           expect_near(what, "dw", lv, r.dw, cref.dw, cref.wmag, r.nw, false);
           check_repeat(c, dt, level, &d, &r, relu, "direct");
+          /* the same chains of multiply-adds at every vector width */
+          if (first_level < 0) {
+            first_direct = r, first_level = level;
+            r = conv_run(c, dt, &d, relu);
+          } else {
+            snprintf(what, sizeof what, "%s direct at %s against %s", c->name, lv,
+                     gs_cpu_isa_name(first_level));
+            compare(what, level, dt, &first_direct, &r);
+          }
         }
         if (!nfwd && !direct)
           expect_same(what, "out", level, base.out, r.out, base.nout * es);
@@ -354,6 +369,8 @@ static void check_conv(const conv_case *c) {
         }
         result_free(&r);
       }
+      if (first_level >= 0)
+        result_free(&first_direct);
       result_free(&base);
     }
     free(din_ref), free(din_mag);
@@ -403,11 +420,18 @@ Test(kernels_isa, conv2d_same_bits_every_level, .init = setup, .fini = teardown)
 /* The direct loops in chunks of images (as a small workspace makes them
  * take) give the bits of one chunk: each image is its own sum in the
  * forward, and dw adds images in order either way. */
+static void direct_chunks(int level);
+
 Test(kernels_isa, conv2d_direct_chunks_same_bits, .init = setup, .fini = teardown) {
-  if (gs_cpu_isa_max() < GS_CPU_ISA_AVX512)
-    cr_skip_test("this CPU has no AVX-512: the direct conv loops do not run here (%s)",
+  if (gs_cpu_isa_max() < GS_CPU_ISA_AVX2)
+    cr_skip_test("this CPU has no AVX2: the direct conv loops do not run here (%s)",
                  gs_cpu_isa_name(gs_cpu_isa_max()));
-  cr_assert_eq(gs_cpu_isa_set(GS_CPU_ISA_AVX512), 0);
+  for (int level = GS_CPU_ISA_AVX2; level <= gs_cpu_isa_max(); level++)
+    direct_chunks(level);
+}
+
+static void direct_chunks(int level) {
+  cr_assert_eq(gs_cpu_isa_set(level), 0);
   gs_cpu_geo g = {.n = 5, .h = 9, .w = 11, .c = 6, .kh = 3, .kw = 3, .stride = 1, .f = 10,
                   .oh = 9, .ow = 11, .pt = 1, .pl = 1};
   size_t nin = (size_t)(g.n * g.h * g.w * g.c), nw = (size_t)(g.kh * g.kw * g.c * g.f),
@@ -433,8 +457,8 @@ Test(kernels_isa, conv2d_direct_chunks_same_bits, .init = setup, .fini = teardow
   for (int k = 1; k < 3; k++) {
     char what[64];
     snprintf(what, sizeof what, "direct conv in chunks of %zu images", room[k] / one);
-    expect_same(what, "out", GS_CPU_ISA_AVX512, out[0], out[k], nout * 4);
-    expect_same(what, "dw", GS_CPU_ISA_AVX512, dw[0], dw[k], nw * 4);
+    expect_same(what, "out", level, out[0], out[k], nout * 4);
+    expect_same(what, "dw", level, dw[0], dw[k], nw * 4);
   }
   cr_assert(!gs_cpu_dconv_forward(EX, &g, in, w, b, false, out[1], ws, one - 1),
             "a workspace short of one image's padded copy is refused");
