@@ -16,9 +16,10 @@
  * gradient); the workspace holds room for them at every level, so a plan
  * does not depend on the host.
  * A 1x1 stride-1 fp32 conv is already a GEMM over the input and needs no
- * workspace but the direct loops' w turned. To keep the workspace bounded whatever the batch, col holds a
- * chunk of whole images, sized to GS_CPU_COL_BYTES: the planner sees the
- * exact bytes from conv2d_workspace and the GEMMs stay large enough.
+ * workspace but the direct loops' w turned. To keep the workspace bounded
+ * whatever the batch, col holds a chunk of whole images, sized to
+ * GS_CPU_COL_BYTES: the planner sees the exact bytes from conv2d_workspace
+ * and the GEMMs stay large enough.
  * 16-bit storage converts while it builds col (so the conversion costs
  * nothing extra), converts w and dout into the workspace, and rounds once
  * on store.
@@ -98,7 +99,6 @@ static bool conv_dgrad_transposed(gs_dtype dt, const geo *g) {
   return dt == GS_F32 && conv_turnable(g) && !conv_is_pointwise(g) &&
          g->f <= g->c; /* never more workspace than the forward's */
 }
-
 
 /* the geometry of that convolution: dout (N, OH, OW, F) in, din out */
 static geo conv_transposed(const geo *g) {

@@ -132,12 +132,12 @@ struct dc_width {
 };
 
 /* the tile for (r, v) with both as constants */
-#define DC_R4(K, V, x, r0)                                                          \
-  case r0 + 1: K(r0 + 1, V, x); break;                                              \
-  case r0 + 2: K(r0 + 2, V, x); break;                                              \
-  case r0 + 3: K(r0 + 3, V, x); break;                                              \
-  case r0 + 4: K(r0 + 4, V, x); break;
-#define DC_R6(K, V, x) DC_R4(K, V, x, 0) case 5: K(5, V, x); break;                 \
+#define DC_R4(K, V, x)                                                              \
+  case 1: K(1, V, x); break;                                                        \
+  case 2: K(2, V, x); break;                                                        \
+  case 3: K(3, V, x); break;                                                        \
+  case 4: K(4, V, x); break;
+#define DC_R6(K, V, x) DC_R4(K, V, x) case 5: K(5, V, x); break;                    \
   case 6: K(6, V, x); break;
 #define DC_R7(K, V, x) DC_R6(K, V, x) case 7: K(7, V, x); break;
 #define DC_R9(K, V, x) DC_R7(K, V, x) case 8: K(8, V, x); break;                    \

@@ -150,6 +150,13 @@ static result conv_run(const conv_case *c, gs_dtype dt, const conv_data *d, bool
   return r;
 }
 
+/* the padding above and left of a case's input */
+static void pads_of(const gs_conv_shape *s, long *pt, long *pl) {
+  *pt = s->same ? ((long)(s->oh - 1) * s->stride + s->kh - (long)s->h) / 2 : 0;
+  *pl = s->same ? ((long)(s->ow - 1) * s->stride + s->kw - (long)s->w) / 2 : 0;
+  *pt = *pt < 0 ? 0 : *pt, *pl = *pl < 0 ? 0 : *pl;
+}
+
 /* din of the depthwise backward in double, from the dt values, and the
  * sum of the magnitudes of each element's terms */
 static void dw_dgrad_ref(const gs_conv_shape *s, const conv_data *d, gs_dtype dt, double *din,
@@ -158,9 +165,8 @@ static void dw_dgrad_ref(const gs_conv_shape *s, const conv_data *d, gs_dtype dt
   gs_cpu_load_f32(dt, d->dout, dout, d->nout);
   memset(din, 0, d->nin * sizeof(double));
   memset(mag, 0, d->nin * sizeof(double));
-  long pt = s->same ? ((long)(s->oh - 1) * s->stride + s->kh - (long)s->h) / 2 : 0;
-  long pl = s->same ? ((long)(s->ow - 1) * s->stride + s->kw - (long)s->w) / 2 : 0;
-  pt = pt < 0 ? 0 : pt, pl = pl < 0 ? 0 : pl;
+  long pt, pl;
+  pads_of(s, &pt, &pl);
   for (long img = 0; img < (long)s->n; img++)
     for (long oy = 0; oy < (long)s->oh; oy++)
       for (long ox = 0; ox < (long)s->ow; ox++)
@@ -185,12 +191,8 @@ static double dw_ref(const gs_conv_shape *s, const conv_data *d, size_t i, doubl
   uint32_t ch = (uint32_t)(i % s->c);
   size_t q = i / s->c;
   long ox = (long)(q % s->ow), oy = (long)(q / s->ow % s->oh), img = (long)(q / s->ow / s->oh);
-  long pt = s->same ? ((long)(s->oh - 1) * s->stride + s->kh - (long)s->h) / 2 : 0;
-  long pl = s->same ? ((long)(s->ow - 1) * s->stride + s->kw - (long)s->w) / 2 : 0;
-  if (pt < 0)
-    pt = 0;
-  if (pl < 0)
-    pl = 0;
+  long pt, pl;
+  pads_of(s, &pt, &pl);
   double acc = d->bf[ch];
   *mag = fabs(acc);
   for (long ky = 0; ky < (long)s->kh; ky++)
@@ -257,9 +259,8 @@ static conv_ref conv_ref_make(const gs_conv_shape *s, const conv_data *d) {
   r.din = calloc(d->nin, sizeof(double)), r.imag = calloc(d->nin, sizeof(double));
   r.dw = calloc(d->nw, sizeof(double)), r.wmag = calloc(d->nw, sizeof(double));
   const float *dout = d->dout; /* fp32 only */
-  long pt = s->same ? ((long)(s->oh - 1) * s->stride + s->kh - (long)s->h) / 2 : 0;
-  long pl = s->same ? ((long)(s->ow - 1) * s->stride + s->kw - (long)s->w) / 2 : 0;
-  pt = pt < 0 ? 0 : pt, pl = pl < 0 ? 0 : pl;
+  long pt, pl;
+  pads_of(s, &pt, &pl);
   long C = (long)s->c, F = (long)s->f;
   for (long img = 0; img < (long)s->n; img++)
     for (long oy = 0; oy < (long)s->oh; oy++)
