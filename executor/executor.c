@@ -1152,9 +1152,12 @@ static void job_free(job *j) {
   free(j);
 }
 
+/* The job that runs under id. One that has reported Finished is over (its
+ * memory is back, the control plane heard its end) even before its thread
+ * is joined: a StartJob for the id right after starts a new one. */
 static job *job_find(uint64_t id) {
   for (job *j = X.jobs; j; j = j->next)
-    if (j->id == id) return j;
+    if (j->id == id && !atomic_load(&j->reported)) return j;
   return NULL;
 }
 

@@ -516,6 +516,28 @@ Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) 
   ex_close(&x);
 }
 
+/* A job the control plane heard end (Finished) is over, even while its
+ * thread has not been joined yet: a StartJob for the same id right after
+ * (a preempted job dispatched again at once) runs it anew, not "already
+ * runs here". */
+Test(executor, a_job_started_again_right_after_it_finished_runs, .timeout = 120) {
+  ex x;
+  ex_start(&x);
+  set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
+  job_spec js;
+  job_spec_until_cancelled(&js);
+  for (int round = 0; round < 3; round++) {
+    start_job(&x, 7, "g0", &js, "", "");
+    from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, 7);
+    gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+    cancel_job(&x, 7);
+    m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 7);
+    cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__CANCELLED, "round %d", round);
+    gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+  }
+  ex_close(&x);
+}
+
 Test(executor, shutdown_checkpoints_the_jobs_and_exits_0, .timeout = 600) {
   ex x;
   ex_start(&x);
