@@ -490,17 +490,22 @@ Test(executor, an_oom_report_says_what_would_fit, .timeout = 600) {
   ex_close(&x);
 }
 
+/* job id on g0 until it has made progress, then cancelled: its Finished */
+static from_msg *run_and_cancel(ex *x, uint64_t id) {
+  job_spec js;
+  job_spec_until_cancelled(&js);
+  start_job(x, id, "g0", &js, "", "");
+  from_msg *m = recv_until(x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, id);
+  gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
+  cancel_job(x, id);
+  return recv_until(x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, id);
+}
+
 Test(executor, cancel_stops_a_running_job_and_frees_its_memory, .timeout = 600) {
   ex x;
   ex_start(&x);
   set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
-  job_spec js;
-  job_spec_until_cancelled(&js);
-  start_job(&x, 7, "g0", &js, "", "");
-  from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, 7);
-  gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
-  cancel_job(&x, 7);
-  m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 7);
+  from_msg *m = run_and_cancel(&x, 7);
   cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__CANCELLED);
   cr_expect(!m->finished->interrupted);
   cr_expect_not_null(m->finished->reason);
@@ -524,14 +529,8 @@ Test(executor, a_job_started_again_right_after_it_finished_runs, .timeout = 120)
   ex x;
   ex_start(&x);
   set_vdevs(&x, 1, G0, MIB64, FULL, GPUSHARE__V1__POLICY__GROWTH);
-  job_spec js;
-  job_spec_until_cancelled(&js);
   for (int round = 0; round < 3; round++) {
-    start_job(&x, 7, "g0", &js, "", "");
-    from_msg *m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_PROGRESS, 7);
-    gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
-    cancel_job(&x, 7);
-    m = recv_until(&x, GPUSHARE__EXEC__V1__FROM_EXECUTOR__MSG_FINISHED, 7);
+    from_msg *m = run_and_cancel(&x, 7);
     cr_expect_eq(m->finished->state, GPUSHARE__V1__JOB_STATE__CANCELLED, "round %d", round);
     gpushare__exec__v1__from_executor__free_unpacked(m, NULL);
   }
